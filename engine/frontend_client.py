@@ -1,0 +1,181 @@
+"""The front door's connection to Dynamo's frontend.
+
+Every generation goes to Dynamo as a token-id prompt on `/v1/completions`, streamed,
+with the sampled ids returned as "token_id:N" logprob entries. So the front door
+knows the exact prompt ids (it tokenized them) and the exact completion ids (the
+engine reports them), whatever the client asked for. Dynamo's KV router picks the
+worker; `x-dynamo-session-id` binds a session to the worker holding its KV.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import httpx
+
+from rollout_server.errors import APIError, bad_request, unavailable
+
+log = logging.getLogger(__name__)
+
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+@dataclass
+class EngineRequest:
+    model: str
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    sampling: dict                       # OpenAI completion fields passed through (temperature, n, stop, ...)
+    top_logprobs: int = 0                # alternatives per position the client wants
+    guided: dict = field(default_factory=dict)   # e.g. {"guided_json": schema}
+    session_id: str | None = None
+    prompt_param: str = "prompt"         # the client's field that held the prompt (named in errors)
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class ChoiceDelta:
+    index: int
+    text: str
+    tokens: list[SampledToken]
+    finish_reason: str | None
+
+
+@dataclass
+class EngineUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class EngineChunk:
+    deltas: list[ChoiceDelta]
+    usage: EngineUsage | None = None
+    worker_id: str | None = None
+    received_at: float = 0.0
+
+
+def _parse_token_id(entry: str) -> int:
+    if not entry.startswith(_TOKEN_ID_PREFIX):
+        raise ValueError(f"engine returned a token without its id: {entry!r}")
+    return int(entry[len(_TOKEN_ID_PREFIX):])
+
+
+def _parse_choice(choice: dict) -> ChoiceDelta:
+    tokens = []
+    logprobs = choice.get("logprobs") or {}
+    tops = logprobs.get("top_logprobs") or []
+    for i, (tok, lp) in enumerate(zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [])):
+        alternatives = tops[i] if i < len(tops) and tops[i] else {}
+        top = sorted(((_parse_token_id(t), float(v)) for t, v in alternatives.items()), key=lambda p: -p[1])
+        tokens.append(SampledToken(_parse_token_id(tok), float(lp), top))
+    return ChoiceDelta(choice.get("index", 0), choice.get("text") or "", tokens, choice.get("finish_reason"))
+
+
+def _parse_chunk(payload: dict) -> EngineChunk:
+    usage = None
+    if payload.get("usage"):
+        u = payload["usage"]
+        details = u.get("prompt_tokens_details") or {}
+        usage = EngineUsage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), details.get("cached_tokens") or 0)
+    worker = ((payload.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
+    return EngineChunk([_parse_choice(c) for c in payload.get("choices", [])], usage,
+                       str(worker) if worker is not None else None, time.monotonic())
+
+
+def engine_error(status: int, body: dict, request: EngineRequest) -> APIError:
+    """Dynamo's error body -> the OpenAI error the client should see."""
+    details = body.get("details") or {}
+    message = body.get("message") or body.get("error") or "engine error"
+    if details.get("type") == "context_length":
+        return bad_request(
+            f"This model's maximum context length is {details.get('limit')} tokens. However, you requested "
+            f"{details.get('actual')} tokens ({len(request.prompt_token_ids)} in the prompt, "
+            f"{request.max_tokens} for the completion).", param=request.prompt_param, code="context_length_exceeded")
+    if status == 404:
+        return APIError(404, str(message), param="model", code="model_not_found")
+    if 400 <= status < 500:
+        return APIError(status, str(message), param=None)
+    return unavailable(f"the engine could not serve the request: {message}")
+
+
+class DynamoFrontendClient:
+    def __init__(self, base_url: str, timeout_s: float = 600.0):
+        self.base_url = base_url
+        self.http = httpx.AsyncClient(
+            base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=5.0),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+        )
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+    def _body(self, req: EngineRequest) -> dict:
+        return {
+            **{k: v for k, v in req.sampling.items() if v is not None},
+            **req.guided,
+            "model": req.model,
+            "prompt": req.prompt_token_ids,
+            "max_tokens": req.max_tokens,
+            "logprobs": max(1, req.top_logprobs),
+            "return_tokens_as_token_ids": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "nvext": {"extra_fields": ["worker_id"]},
+        }
+
+    async def stream(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        headers = {"x-request-id": req.request_id}
+        if req.session_id:
+            headers["x-dynamo-session-id"] = req.session_id[:256]
+        try:
+            async with self.http.stream("POST", "/v1/completions", json=self._body(req), headers=headers) as resp:
+                if resp.status_code != 200:
+                    raw = await resp.aread()
+                    raise engine_error(resp.status_code, _json_or_message(raw), req)
+                async for chunk in _sse_chunks(resp):
+                    yield chunk
+        except httpx.TimeoutException as exc:
+            raise APIError(504, f"the engine did not answer within the request timeout ({exc.__class__.__name__})") from exc
+        except httpx.TransportError as exc:
+            raise unavailable(f"the engine is unreachable ({exc.__class__.__name__}); retry shortly") from exc
+
+
+def _json_or_message(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+        return body if isinstance(body, dict) else {"message": str(body)}
+    except ValueError:
+        return {"message": raw.decode(errors="replace")[:500]}
+
+
+async def _sse_chunks(resp: httpx.Response) -> AsyncIterator[EngineChunk]:
+    event = None
+    async for line in resp.aiter_lines():
+        if not line:
+            event = None
+            continue
+        if line.startswith("event:"):
+            event = line[6:].strip()
+            continue
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        payload = json.loads(data)
+        if event == "error" or "error" in payload or ("message" in payload and "choices" not in payload):
+            raise unavailable(f"the engine failed mid-request: {payload.get('error') or payload.get('message') or payload}")
+        yield _parse_chunk(payload)

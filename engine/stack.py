@@ -1,0 +1,235 @@
+"""The serving stack on one machine: Dynamo's frontend (KV router) and N vLLM workers.
+
+    front door (FastAPI, ours) --HTTP--> Dynamo frontend :frontend_port --TCP--> dynamo.vllm worker i
+                                           (KV router) <--ZMQ KV events----------'
+
+`Stack.start()` launches the processes, then waits on real health checks: each
+worker's Dynamo system endpoint reports "ready" and the frontend lists the model
+with every worker registered. `Stack.stop()` stops every process group.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from tqdm import tqdm
+
+from engine.processes import ChildProcess, ProcessSpec, stop_all
+from rollout_server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class StackStartError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    index: int
+    system_port: int
+    kv_events_port: int
+    cpu: str | None
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def dynamo_env(settings: Settings, discovery_dir: Path) -> dict[str, str]:
+    """Everything on loopback; file discovery (no etcd/NATS) unless etcd is asked for."""
+    env = {
+        "DYN_DISCOVERY_BACKEND": settings.discovery_backend,
+        "DYN_REQUEST_PLANE": "tcp",
+        "DYN_EVENT_PLANE": "zmq",
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_SYSTEM_HOST": "127.0.0.1",
+        "DYN_LOG": os.environ.get("DYN_LOG", "info"),
+    }
+    if settings.discovery_backend == "file":
+        env["DYN_FILE_KV"] = str(discovery_dir)
+    return env
+
+
+def worker_layout(settings: Settings) -> list[WorkerInfo]:
+    cores = os.cpu_count() or 1
+    workers = []
+    for i in range(settings.workers):
+        # Pin workers to distinct cores when there are enough; otherwise share all of them.
+        cpu = str(i % cores) if settings.workers <= cores else None
+        workers.append(WorkerInfo(i, settings.worker_system_base_port + i, settings.kv_events_base_port + i, cpu))
+    return workers
+
+
+class Stack:
+    def __init__(self, settings: Settings, model_dir: Path, served_model_name: str):
+        self.settings = settings
+        self.model_dir = model_dir
+        self.served_model_name = served_model_name
+        self.run_dir = settings.resolved_state_dir / f"stack-{settings.frontend_port}"
+        self.workers = worker_layout(settings)
+        self.children: list[ChildProcess] = []
+        self.frontend_url = f"http://127.0.0.1:{settings.frontend_port}"
+
+    # ---- process specs -------------------------------------------------------------------
+
+    def _frontend_spec(self, env: dict[str, str]) -> ProcessSpec:
+        argv = [
+            sys.executable, "-m", "dynamo.frontend",
+            "--http-host", "127.0.0.1", "--http-port", str(self.settings.frontend_port),
+            "--router-mode", self.settings.router_mode,
+            "--discovery-backend", self.settings.discovery_backend,
+        ]
+        if self.settings.router_mode == "kv":
+            # Session affinity keyed by the x-dynamo-session-id header the front door sets.
+            argv += ["--router-session-affinity-ttl-secs", str(self.settings.session_affinity_ttl_s),
+                     "--router-session-affinity-mode", "soft"]
+        return ProcessSpec("dynamo-frontend", argv, env, self.run_dir / "frontend.log")
+
+    def _worker_spec(self, worker: WorkerInfo, env: dict[str, str]) -> ProcessSpec:
+        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq",
+                     "endpoint": f"tcp://*:{worker.kv_events_port}"}
+        argv = [
+            sys.executable, "-m", "engine.dynamo_worker",
+            "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
+            "--block-size", str(self.settings.block_size),
+            "--max-model-len", str(self.settings.max_model_len),
+            "--dtype", self.settings.dtype,
+            "--kv-events-config", json.dumps(kv_events),
+            "--discovery-backend", self.settings.discovery_backend,
+        ]
+        if self.settings.enforce_eager:
+            argv.append("--enforce-eager")
+        worker_env = {
+            **env,
+            "DYN_SYSTEM_ENABLED": "true",
+            "DYN_SYSTEM_PORT": str(worker.system_port),
+            "VLLM_CACHE_ROOT": str(self.settings.cache_dir / "vllm"),
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+        }
+        if not has_cuda():
+            worker_env["VLLM_TARGET_DEVICE"] = "cpu"
+            worker_env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.settings.kv_cache_gib:g}"
+            worker_env["VLLM_CPU_OMP_THREADS_BIND"] = worker.cpu or "all"
+            worker_env["OMP_NUM_THREADS"] = str(self.settings.cpu_threads_per_worker)
+        return ProcessSpec(f"vllm-worker-{worker.index}", argv, worker_env, self.run_dir / f"worker-{worker.index}.log")
+
+    # ---- life cycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        discovery_dir = self.run_dir / "discovery"
+        shutil.rmtree(discovery_dir, ignore_errors=True)  # stale registrations would confuse the router
+        discovery_dir.mkdir(parents=True, exist_ok=True)
+        env = dynamo_env(self.settings, discovery_dir)
+        log.info("starting Dynamo frontend on :%d (router %s) and %d vLLM worker(s); logs in %s",
+                 self.settings.frontend_port, self.settings.router_mode, len(self.workers), self.run_dir)
+        specs = [self._frontend_spec(env)] + [self._worker_spec(w, env) for w in self.workers]
+        for spec in specs:
+            child = ChildProcess(spec)
+            self.children.append(child)
+            child.start()
+        try:
+            self._wait_until_healthy()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.children:
+            log.info("stopping %d process(es)", len(self.children))
+            stop_all(self.children)
+            self.children = []
+
+    def _wait_until_healthy(self) -> None:
+        deadline = time.monotonic() + self.settings.startup_timeout_s
+        pending = {f"worker-{w.index}" for w in self.workers} | {"frontend"}
+        with tqdm(total=len(pending), desc="starting stack", unit="proc", disable=None) as bar:
+            while pending:
+                self._raise_if_a_child_died()
+                if time.monotonic() > deadline:
+                    raise StackStartError(f"not healthy after {self.settings.startup_timeout_s:.0f}s: {sorted(pending)}; "
+                                          f"see logs in {self.run_dir}")
+                for name in sorted(pending):
+                    if self._is_healthy(name):
+                        pending.discard(name)
+                        bar.update(1)
+                        log.info("%s is healthy", name)
+                time.sleep(1.0)
+
+    def _is_healthy(self, name: str) -> bool:
+        if name == "frontend":
+            return self.frontend_lists_model_with_all_workers()
+        worker = self.workers[int(name.split("-")[1])]
+        return worker_health(worker.system_port).get("status") == "ready"
+
+    def frontend_lists_model_with_all_workers(self) -> bool:
+        if not all(worker_health(w.system_port).get("status") == "ready" for w in self.workers):
+            return False
+        try:
+            models = httpx.get(f"{self.frontend_url}/v1/models", timeout=2.0).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return any(m.get("id") == self.served_model_name for m in models.get("data", []))
+
+    def _raise_if_a_child_died(self) -> None:
+        for child in self.children:
+            if not child.alive():
+                raise StackStartError(
+                    f"{child.spec.name} exited with code {child.exit_code()} during start-up; last log lines:\n"
+                    f"{child.log_tail()}")
+
+    # ---- introspection (status, metrics) --------------------------------------------------
+
+    def worker_status(self) -> list[dict]:
+        """One row per worker: its process, health, Dynamo instance id and in-flight requests."""
+        rows = []
+        for worker, child in zip(self.workers, self.children[1:]):
+            metrics = worker_metrics(worker.system_port)
+            rows.append({
+                "worker": worker.index,
+                "pid": child.pid,
+                "alive": child.alive(),
+                "healthy": worker_health(worker.system_port).get("status") == "ready",
+                "instance_id": metrics.get("instance_id"),
+                "inflight_requests": metrics.get("inflight_requests", 0.0),
+            })
+        return rows
+
+
+def worker_health(system_port: int) -> dict:
+    try:
+        return httpx.get(f"http://127.0.0.1:{system_port}/health", timeout=2.0).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def worker_metrics(system_port: int) -> dict:
+    """Reads a worker's instance id (decimal, as the router reports it) and load from its /metrics."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{system_port}/metrics", timeout=2.0).text
+    except httpx.HTTPError:
+        return {}
+    found: dict = {}
+    for line in text.splitlines():
+        if not line.startswith("dynamo_component_inflight_requests{") or 'dynamo_endpoint="generate"' not in line:
+            continue
+        hex_id = line.split('worker_id="', 1)[1].split('"', 1)[0]
+        found["instance_id"] = str(int(hex_id, 16))
+        found["inflight_requests"] = float(line.rsplit(" ", 1)[1])
+    return found

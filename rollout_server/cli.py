@@ -1,0 +1,222 @@
+"""`rollout-serve`: start the stack, chat with it, inspect it, manage keys and the tiny model."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import types
+import typing
+from pathlib import Path
+
+from rollout_server.settings import Settings
+
+log = logging.getLogger("rollout_serve")
+
+DEFAULT_URL = os.environ.get("ROLLOUT_SERVE_URL", "http://127.0.0.1:8000")
+
+
+# ---- settings <-> command line -------------------------------------------------------------
+
+def _scalar_type(annotation):
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args:
+        annotation = args[0]
+    if typing.get_origin(annotation) is typing.Literal:
+        return str, list(typing.get_args(annotation))
+    return (annotation if annotation in (int, float, str, bool, Path) else str), None
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per Settings field, documented by the field itself; unset flags fall back to env/defaults."""
+    group = parser.add_argument_group("settings (also ROLLOUT_SERVE_<NAME> environment variables)")
+    for name, field in Settings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        kind, choices = _scalar_type(field.annotation)
+        default = field.default if field.default_factory is None else field.default_factory()
+        help_text = f"{field.description} (default: {default})"
+        if kind is bool:
+            group.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            group.add_argument(flag, dest=name, type=kind, choices=choices, default=None, help=help_text)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    given = {name: getattr(args, name) for name in Settings.model_fields if getattr(args, name, None) is not None}
+    return Settings(**given)
+
+
+# ---- commands ----------------------------------------------------------------------------
+
+def cmd_up(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from engine.stack import Stack, StackStartError
+    from rollout_server.server import build_app_state, resolve_model
+
+    settings = settings_from_args(args)
+    model_dir, model_name = resolve_model(settings)
+    stack = Stack(settings, model_dir, model_name)
+    try:
+        stack.start()
+    except StackStartError as exc:
+        log.error("%s", exc)
+        return 1
+    try:
+        from rollout_server.app import create_app
+
+        app = create_app(build_app_state(settings, model_dir, model_name, stack))
+        log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %d worker(s))", settings.host, settings.port,
+                 model_name, settings.workers)
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    finally:
+        stack.stop()
+    return 0
+
+
+def cmd_model_tiny(args: argparse.Namespace) -> int:
+    from rollout_server.tiny_model import ensure_tiny_model
+
+    cache = Path(args.cache_dir) / "models" if args.cache_dir else None
+    print(ensure_tiny_model(args.variant, cache))
+    return 0
+
+
+def _client_headers(args) -> dict:
+    key = args.api_key or os.environ.get("ROLLOUT_SERVE_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import httpx
+
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
+        {"role": "user", "content": args.prompt}]
+    body = {"model": args.model, "messages": messages, "stream": True, "max_tokens": args.max_tokens,
+            "temperature": args.temperature}
+    with httpx.stream("POST", f"{args.url}/v1/chat/completions", json=body, headers=_client_headers(args),
+                      timeout=600) as resp:
+        if resp.status_code != 200:
+            print(f"error {resp.status_code}: {resp.read().decode()}", file=sys.stderr)
+            return 1
+        for line in resp.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                print(f"\nerror: {chunk['error']['message']}", file=sys.stderr)
+                return 1
+            for choice in chunk.get("choices", []):
+                print(choice["delta"].get("content") or "", end="", flush=True)
+    print()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import httpx
+
+    try:
+        status = httpx.get(f"{args.url}/v1/status", headers=_client_headers(args), timeout=10).json()
+    except httpx.HTTPError as exc:
+        print(f"cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    if "error" in status:
+        print(status["error"]["message"], file=sys.stderr)
+        return 1
+    print(f"model {status['model']}  policy version {status['policy_version']}  "
+          f"in flight {status['requests_in_flight']:.0f}  cache hit rate {status['cache_hit_rate']:.1%}")
+    print(f"{'worker':>6}  {'pid':>8}  {'healthy':>7}  {'in flight':>9}  instance id")
+    for w in status["workers"]:
+        print(f"{w['worker']:>6}  {w['pid'] or '-':>8}  {str(w['healthy']):>7}  {w['inflight_requests']:>9.0f}  "
+              f"{w['instance_id'] or '-'}")
+    return 0
+
+
+def _key_store(args):
+    from rollout_server.auth import KeyStore, open_database
+
+    settings = settings_from_args(args)
+    return KeyStore(open_database(settings.resolved_database_url))
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    key = _key_store(args).create(args.team, name=args.name, is_admin=args.admin)
+    print(key)
+    print(f"created a key for team {args.team!r}; it is shown only once", file=sys.stderr)
+    return 0
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    for row in _key_store(args).list(args.team):
+        print(f"{row['key_prefix']}…  team={row['team']}  name={row['name'] or '-'}  admin={row['is_admin']}  "
+              f"revoked={row['revoked']}")
+    return 0
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    count = _key_store(args).revoke(args.prefix)
+    print(f"revoked {count} key(s)")
+    return 0 if count else 1
+
+
+# ---- parser ------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollout-serve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="start the front door, Dynamo's KV router and the vLLM workers",
+                        description="Starts Dynamo's frontend (KV router), N vLLM workers (dynamo.vllm) and the "
+                                    "OpenAI-compatible front door; Ctrl-C stops everything.")
+    add_settings_arguments(up)
+    up.set_defaults(func=cmd_up)
+
+    model = sub.add_parser("model", help="build models").add_subparsers(dest="model_command", required=True)
+    tiny = model.add_parser("tiny", help="build the tiny Qwen2 model (deterministic) and print its directory")
+    tiny.add_argument("--variant", type=int, default=0, help="weights seed offset: 1 gives a second checkpoint")
+    tiny.add_argument("--cache-dir", help="cache directory (default: ROLLOUT_SERVE_CACHE_DIR or ~/.cache/rollout-serve)")
+    tiny.set_defaults(func=cmd_model_tiny)
+
+    for name, func, text in (("chat", cmd_chat, "stream a chat answer"), ("status", cmd_status, "workers, load, cache hit rate")):
+        p = sub.add_parser(name, help=text)
+        if name == "chat":
+            p.add_argument("model", help="model id (see GET /v1/models)")
+            p.add_argument("prompt", help="the user message")
+            p.add_argument("--system", help="system message")
+            p.add_argument("--max-tokens", type=int, default=256)
+            p.add_argument("--temperature", type=float, default=0.7)
+        p.add_argument("--url", default=DEFAULT_URL, help=f"front door URL (default: {DEFAULT_URL})")
+        p.add_argument("--api-key", help="API key (default: ROLLOUT_SERVE_API_KEY or OPENAI_API_KEY)")
+        p.set_defaults(func=func)
+
+    keys = sub.add_parser("keys", help="API keys (stored hashed)").add_subparsers(dest="keys_command", required=True)
+    create = keys.add_parser("create", help="create a key for a team and print it once")
+    create.add_argument("--team", required=True)
+    create.add_argument("--name")
+    create.add_argument("--admin", action="store_true", help="may deploy checkpoints and update weights")
+    create.set_defaults(func=cmd_keys_create)
+    listing = keys.add_parser("list", help="list keys (prefixes only)")
+    listing.add_argument("--team")
+    listing.set_defaults(func=cmd_keys_list)
+    revoke = keys.add_parser("revoke", help="revoke keys by prefix")
+    revoke.add_argument("prefix")
+    revoke.set_defaults(func=cmd_keys_revoke)
+    for p in (create, listing, revoke):
+        p.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the state directory)")
+        p.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+        p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
+
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("ROLLOUT_SERVE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""POST /v1/completions (text or token-id prompts) and POST /inference/v1/generate (token in, token out)."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from engine.frontend_client import EngineRequest
+from rollout_server.chat import guided_decoding, sse
+from rollout_server.errors import APIError, bad_request
+from rollout_server.generation import (
+    ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, sampling_dict,
+    session_id_for,
+)
+from rollout_server.logprobs import completion_logprobs, generate_logprobs
+from rollout_server.protocol import CompletionRequest, GenerateRequest
+
+
+def _check_model(ctx: ServingContext, model: str) -> None:
+    if model != ctx.model_name:
+        raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+
+def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
+    """A completions prompt in any of its four shapes -> one list of token ids per prompt."""
+    if isinstance(prompt, str):
+        return [ctx.tokenizer.encode(prompt)]
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]
+    return [ctx.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+
+
+async def completions(ctx: ServingContext, req: CompletionRequest, request: Request, team: str):
+    _check_model(ctx, req.model)
+    if req.suffix is not None:
+        raise bad_request("suffix is not supported by this model", param="suffix")
+    if req.echo and req.logprobs is not None:
+        raise bad_request("echo together with logprobs needs prompt logprobs, which the engine does not return; "
+                          "request them separately", param="echo")
+    prompts = _prompts_as_ids(ctx, req.prompt)
+    if req.stream and len(prompts) > 1:
+        raise bad_request("streaming is supported for a single prompt only", param="prompt")
+    session_id = session_id_for(request, req.user)
+    request_id = new_request_id("cmpl")
+    generations = []
+    for i, ids in enumerate(prompts):
+        if not ids:
+            raise bad_request("prompt must not be empty", param="prompt")
+        max_tokens = check_prompt(ctx, ids, req.max_tokens, "prompt")
+        engine_request = EngineRequest(
+            model=ctx.model_name, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
+            prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.logprobs or 0,
+            guided=guided_decoding(req.response_format), session_id=session_id, prompt_param="prompt")
+        generations.append(Generation(ctx, engine_request, team=team, endpoint="completions",
+                                      request_body=req.model_dump(exclude_none=True)))
+    for g in generations:
+        await g.start()
+    first = generations[0]
+    if req.stream:
+        return StreamingResponse(_stream(ctx, req, first), media_type="text/event-stream",
+                                 headers=first.response_headers())
+    per_prompt = await gather_generations(generations)
+    choices = []
+    for p, (g, results) in enumerate(zip(generations, per_prompt)):
+        for c in results:
+            choices.append(_choice_json(ctx, req, g, c, index=p * req.n + c.index))
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0}}
+    for g in generations:
+        u = g.usage_dict()
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            usage[key] += u[key]
+        usage["prompt_tokens_details"]["cached_tokens"] += u["prompt_tokens_details"]["cached_tokens"]
+    body = {"id": request_id, "object": "text_completion", "created": int(first.created_at), "model": ctx.model_name,
+            "choices": choices, "usage": usage, "policy_version": ctx.policy_version,
+            "session_id": session_id, "worker_id": first.worker_id}
+    return JSONResponse(body, headers=first.response_headers())
+
+
+def _choice_json(ctx: ServingContext, req: CompletionRequest, g: Generation, c: ChoiceResult, index: int) -> dict:
+    prefix = ctx.tokenizer.decode(g.req.prompt_token_ids) if req.echo else ""
+    body = {"index": index, "text": prefix + c.text, "finish_reason": c.finish_reason, "logprobs": None}
+    if req.logprobs is not None:
+        body["logprobs"] = completion_logprobs(ctx.tokenizer, c.tokens, req.logprobs, req.return_tokens_as_token_ids)
+    if req.return_token_ids:
+        body["prompt_token_ids"] = g.req.prompt_token_ids
+        body["token_ids"] = c.token_ids
+    return body
+
+
+async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation):
+    base = {"id": generation.req.request_id, "object": "text_completion", "created": int(time.time()),
+            "model": ctx.model_name, "policy_version": ctx.policy_version}
+    echoed: set[int] = set()
+    try:
+        async for chunk in generation.chunks():
+            for delta in chunk.deltas:
+                text = delta.text
+                if req.echo and delta.index not in echoed:
+                    echoed.add(delta.index)
+                    text = ctx.tokenizer.decode(generation.req.prompt_token_ids) + text
+                choice = {"index": delta.index, "text": text, "finish_reason": delta.finish_reason, "logprobs": None}
+                if req.logprobs is not None:
+                    choice["logprobs"] = completion_logprobs(ctx.tokenizer, delta.tokens, req.logprobs,
+                                                             req.return_tokens_as_token_ids)
+                if req.return_token_ids:
+                    choice["token_ids"] = [t.token_id for t in delta.tokens]
+                yield sse({**base, "choices": [choice]})
+        if req.stream_options and req.stream_options.include_usage:
+            yield sse({**base, "choices": [], "usage": generation.usage_dict()})
+    except APIError as err:
+        yield sse(err.body())
+    yield "data: [DONE]\n\n"
+
+
+async def generate(ctx: ServingContext, req: GenerateRequest, request: Request, team: str):
+    """vLLM's token-in/token-out route, in the shape verifiers' train mode reads."""
+    _check_model(ctx, req.model)
+    if req.stream:
+        raise bad_request("streaming is not supported on /inference/v1/generate", param="stream")
+    params = req.sampling_params
+    max_tokens = check_prompt(ctx, req.token_ids, params.max_tokens, "token_ids")
+    engine_request = EngineRequest(
+        model=ctx.model_name, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
+        max_tokens=max_tokens, sampling=sampling_dict(params), top_logprobs=params.logprobs or 0,
+        session_id=session_id_for(request, params.user), prompt_param="token_ids")
+    generation = Generation(ctx, engine_request, team=team, endpoint="generate", request_body=req.model_dump(exclude_none=True))
+    await generation.start()
+    choices = await generation.run_to_end()
+    body = {
+        "request_id": engine_request.request_id, "model": ctx.model_name, "policy_version": ctx.policy_version,
+        "prompt_token_ids": engine_request.prompt_token_ids,
+        "choices": [{
+            "index": c.index, "token_ids": c.token_ids, "text": c.text, "finish_reason": c.finish_reason,
+            "logprobs": generate_logprobs(c.tokens, params.logprobs or 0),
+            "weight_versions": [{"version": ctx.policy_version, "start": 0, "end": len(c.tokens)}],
+        } for c in choices],
+        "usage": generation.usage_dict(), "worker_id": generation.worker_id,
+    }
+    return JSONResponse(body, headers=generation.response_headers())

@@ -1,0 +1,92 @@
+"""OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}} with the right HTTP status.
+
+Every failure a client can cause is a 4xx naming the field; a stack that cannot
+serve is a 503. Nothing reaches the client as a bare 500.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+          404: "not_found_error", 413: "invalid_request_error", 422: "invalid_request_error",
+          429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "api_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unavailable(message: str) -> APIError:
+    return APIError(503, message, code="service_unavailable", headers={"Retry-After": "1"})
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def _param_from_location(loc: tuple) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    # pydantic reports union members as extra path parts ("str", "list[int]"); drop them.
+    parts = [p for p in parts if not any(c in p for c in "[]()") and p not in ("str", "int", "float", "bool")]
+    return ".".join(parts) or None
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    first = exc.errors()[0]
+    if first.get("type") == "json_invalid":
+        return bad_request(f"Malformed JSON in request body: {first.get('ctx', {}).get('error', first.get('msg'))}",
+                           code="invalid_json")
+    param = _param_from_location(tuple(first.get("loc", ())))
+    message = first.get("msg", "invalid value")
+    if first.get("type") == "missing":
+        message = f"Missing required parameter: '{param}'."
+    elif param:
+        message = f"Invalid value for '{param}': {message}"
+    return bad_request(message, param=param, code="invalid_value" if first.get("type") != "missing" else "missing_required_parameter")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(json.JSONDecodeError)
+    async def _json(request: Request, exc: json.JSONDecodeError):
+        return error_response(bad_request(f"Malformed JSON in request body: {exc}", code="invalid_json"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):
+        return error_response(APIError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        log.exception("unexpected error serving %s %s", request.method, request.url.path)
+        return error_response(APIError(500, f"Internal error: {type(exc).__name__}", type="api_error"))

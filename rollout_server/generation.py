@@ -1,0 +1,240 @@
+"""One generation through the engine, shared by chat, completions and generate.
+
+`Generation` owns a request's life: it resolves the session, sends the request to
+Dynamo, times the tokens (TTFT, inter-token latency), accumulates every choice
+(text, exact token ids, logprobs, finish reason) and, at the end, accounts the
+request in the metrics and hands the finished record to the `on_finish` hooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator, Awaitable, Callable
+
+from fastapi import Request
+
+from engine.frontend_client import ChoiceDelta, DynamoFrontendClient, EngineChunk, EngineRequest, SampledToken
+from rollout_server.errors import bad_request
+from rollout_server.metrics import Metrics
+from rollout_server.protocol import SamplingFields
+from rollout_server.settings import Settings
+from rollout_server.tokenizer import ModelTokenizer
+
+log = logging.getLogger(__name__)
+
+_PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stop_token_ids",
+                   "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
+                   "skip_special_tokens")
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text: str = ""
+    tokens: list[SampledToken] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for t in self.tokens]
+
+
+@dataclass
+class FinishedGeneration:
+    """Everything one request produced: what metrics, headers and traces are built from."""
+
+    request_id: str
+    session_id: str
+    team: str
+    model: str
+    endpoint: str
+    policy_version: int
+    prompt_token_ids: list[int]
+    choices: list[ChoiceResult]
+    worker_id: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    created_at: float
+    ttft_s: float | None
+    inter_token_s: list[float]
+    total_s: float
+    request_body: dict
+
+
+FinishHook = Callable[[FinishedGeneration], Awaitable[None]]
+
+
+@dataclass
+class ServingContext:
+    """What every endpoint needs: built once by the app, shared by all requests."""
+
+    settings: Settings
+    tokenizer: ModelTokenizer
+    client: DynamoFrontendClient
+    metrics: Metrics
+    model_name: str
+    max_model_len: int
+    policy_version: int = 0
+    on_finish: list[FinishHook] = field(default_factory=list)
+
+
+def session_id_for(request: Request, user: str | None) -> str:
+    return request.headers.get("x-session-id") or user or f"sess-{uuid.uuid4().hex}"
+
+
+def sampling_dict(fields: SamplingFields) -> dict:
+    return {name: getattr(fields, name) for name in _PASSED_THROUGH if getattr(fields, name) is not None}
+
+
+def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> int:
+    """Validates the prompt against the vocabulary and context window; returns the max_tokens to use."""
+    bad = ctx.tokenizer.out_of_vocab(prompt_ids)
+    if bad is not None:
+        raise bad_request(f"Token id {bad} is out of vocabulary (vocabulary size {ctx.tokenizer.vocab_size}).",
+                          param=prompt_param, code="token_out_of_vocabulary")
+    room = ctx.max_model_len - len(prompt_ids)
+    if room <= 0:
+        raise bad_request(f"This model's maximum context length is {ctx.max_model_len} tokens. However, your prompt "
+                          f"has {len(prompt_ids)} tokens.", param=prompt_param, code="context_length_exceeded")
+    if max_tokens is None:
+        return min(room, ctx.settings.default_max_tokens or room)
+    if max_tokens > room:
+        raise bad_request(f"This model's maximum context length is {ctx.max_model_len} tokens. However, you requested "
+                          f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} for the "
+                          f"completion). Please reduce the length of the prompt or max_tokens.",
+                          param="max_tokens", code="context_length_exceeded")
+    return max_tokens
+
+
+class Generation:
+    def __init__(self, ctx: ServingContext, engine_request: EngineRequest, *, team: str, endpoint: str,
+                 request_body: dict):
+        self.ctx = ctx
+        self.req = engine_request
+        self.team = team
+        self.endpoint = endpoint
+        self.request_body = request_body
+        self.choices: dict[int, ChoiceResult] = {}
+        self.worker_id: str | None = None
+        self.usage = None
+        self.created_at = time.time()
+        self._start = time.monotonic()
+        self._first_token_at: float | None = None
+        self._last_token_at: float | None = None
+        self._inter_token: list[float] = []
+        self._chunks: AsyncIterator[EngineChunk] | None = None
+        self._peeked: EngineChunk | None = None
+
+    async def start(self) -> None:
+        """Sends the request and waits for the engine's first chunk, so errors surface before any
+        response byte is sent and the serving worker is known for the response headers."""
+        self.ctx.metrics.request_started(self.endpoint)
+        self._chunks = self.ctx.client.stream(self.req)
+        try:
+            self._peeked = await self._next_chunk()
+        except BaseException:
+            self.ctx.metrics.request_finished(self.endpoint, ok=False)
+            raise
+
+    async def _next_chunk(self) -> EngineChunk | None:
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+        self._observe(chunk)
+        return chunk
+
+    def _observe(self, chunk: EngineChunk) -> None:
+        self.worker_id = chunk.worker_id or self.worker_id
+        if chunk.usage:
+            self.usage = chunk.usage
+        if any(d.tokens for d in chunk.deltas):
+            now = chunk.received_at
+            if self._first_token_at is None:
+                self._first_token_at = now
+            elif self._last_token_at is not None:
+                self._inter_token.append(now - self._last_token_at)
+            self._last_token_at = now
+        for delta in chunk.deltas:
+            self._accumulate(delta)
+
+    def _accumulate(self, delta: ChoiceDelta) -> None:
+        choice = self.choices.setdefault(delta.index, ChoiceResult(delta.index))
+        choice.text += delta.text
+        choice.tokens.extend(delta.tokens)
+        if delta.finish_reason:
+            choice.finish_reason = delta.finish_reason
+
+    async def chunks(self) -> AsyncIterator[EngineChunk]:
+        """The engine's chunks, in order (the first was already read by start())."""
+        ok = False
+        try:
+            chunk = self._peeked
+            while chunk is not None:
+                yield chunk
+                chunk = await self._next_chunk()
+            ok = True
+        finally:
+            self.ctx.metrics.request_finished(self.endpoint, ok=ok)
+            if ok:
+                await self._finish()
+
+    async def run_to_end(self) -> list[ChoiceResult]:
+        async for _ in self.chunks():
+            pass
+        return self.sorted_choices()
+
+    def sorted_choices(self) -> list[ChoiceResult]:
+        return [self.choices[i] for i in sorted(self.choices)]
+
+    async def _finish(self) -> None:
+        finished = self.finished()
+        self.ctx.metrics.observe_generation(finished)
+        for hook in self.ctx.on_finish:
+            try:
+                await hook(finished)
+            except Exception:
+                log.exception("finish hook failed for request %s", self.req.request_id)
+
+    def finished(self) -> FinishedGeneration:
+        choices = self.sorted_choices()
+        completion = sum(len(c.tokens) for c in choices)
+        return FinishedGeneration(
+            request_id=self.req.request_id, session_id=self.req.session_id or "", team=self.team,
+            model=self.req.model, endpoint=self.endpoint, policy_version=self.ctx.policy_version,
+            prompt_token_ids=self.req.prompt_token_ids, choices=choices, worker_id=self.worker_id,
+            prompt_tokens=len(self.req.prompt_token_ids),
+            completion_tokens=self.usage.completion_tokens if self.usage else completion,
+            cached_tokens=self.usage.cached_tokens if self.usage else 0,
+            created_at=self.created_at,
+            ttft_s=(self._first_token_at - self._start) if self._first_token_at else None,
+            inter_token_s=self._inter_token, total_s=time.monotonic() - self._start,
+            request_body=self.request_body,
+        )
+
+    def response_headers(self) -> dict[str, str]:
+        headers = {"x-request-id": self.req.request_id, "x-policy-version": str(self.ctx.policy_version),
+                   "x-session-id": self.req.session_id or ""}
+        if self.worker_id:
+            headers["x-worker-id"] = self.worker_id
+        return headers
+
+    def usage_dict(self) -> dict:
+        finished_tokens = sum(len(c.tokens) for c in self.choices.values())
+        completion = self.usage.completion_tokens if self.usage else finished_tokens
+        prompt = len(self.req.prompt_token_ids)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": self.usage.cached_tokens if self.usage else 0}}
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def gather_generations(generations: list[Generation]) -> list[list[ChoiceResult]]:
+    return list(await asyncio.gather(*(g.run_to_end() for g in generations)))

@@ -1,0 +1,74 @@
+"""Prometheus metrics of the front door (GET /metrics).
+
+Counts what clients see: requests, prompt / cached / completion tokens, TTFT and
+inter-token latency, and per-worker load and cache hits (the worker that served
+each request is reported by Dynamo's router).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from rollout_server.generation import FinishedGeneration
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("rollout_requests", "Requests by endpoint and outcome", ["endpoint", "outcome"], registry=r)
+        self.in_flight = Gauge("rollout_requests_in_flight", "Requests being served", ["endpoint"], registry=r)
+        self.prompt_tokens = Counter("rollout_prompt_tokens", "Prompt tokens served", registry=r)
+        self.cached_tokens = Counter("rollout_cached_prompt_tokens", "Prompt tokens served from the KV cache", registry=r)
+        self.completion_tokens = Counter("rollout_completion_tokens", "Completion tokens generated", registry=r)
+        self.ttft = Histogram("rollout_time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("rollout_inter_token_latency_seconds", "Time between streamed tokens", buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("rollout_request_seconds", "End-to-end request time", buckets=_LATENCY_BUCKETS, registry=r)
+        self.worker_requests = Counter("rollout_worker_requests", "Requests served per worker", ["worker"], registry=r)
+        self.worker_prompt_tokens = Counter("rollout_worker_prompt_tokens", "Prompt tokens per worker", ["worker"], registry=r)
+        self.worker_cached_tokens = Counter("rollout_worker_cached_prompt_tokens", "Cached prompt tokens per worker", ["worker"], registry=r)
+        self.worker_inflight = Gauge("rollout_worker_inflight_requests", "In-flight requests per worker (Dynamo's count)",
+                                     ["worker", "instance_id"], registry=r)
+        self.worker_healthy = Gauge("rollout_worker_healthy", "1 if the worker answers its health check", ["worker"], registry=r)
+
+    def request_started(self, endpoint: str) -> None:
+        self.in_flight.labels(endpoint).inc()
+
+    def request_finished(self, endpoint: str, ok: bool) -> None:
+        self.in_flight.labels(endpoint).dec()
+        self.requests.labels(endpoint, "ok" if ok else "error").inc()
+
+    def request_rejected(self, endpoint: str) -> None:
+        self.requests.labels(endpoint, "rejected").inc()
+
+    def observe_generation(self, g: "FinishedGeneration") -> None:
+        self.prompt_tokens.inc(g.prompt_tokens)
+        self.cached_tokens.inc(g.cached_tokens)
+        self.completion_tokens.inc(g.completion_tokens)
+        if g.ttft_s is not None:
+            self.ttft.observe(g.ttft_s)
+        for gap in g.inter_token_s:
+            self.itl.observe(gap)
+        self.e2e.observe(g.total_s)
+        if g.worker_id:
+            self.worker_requests.labels(g.worker_id).inc()
+            self.worker_prompt_tokens.labels(g.worker_id).inc(g.prompt_tokens)
+            self.worker_cached_tokens.labels(g.worker_id).inc(g.cached_tokens)
+
+    def update_workers(self, rows: list[dict]) -> None:
+        for row in rows:
+            worker = str(row["worker"])
+            self.worker_healthy.labels(worker).set(1.0 if row["healthy"] else 0.0)
+            self.worker_inflight.labels(worker, row.get("instance_id") or "").set(row.get("inflight_requests", 0.0))
+
+    def cache_hit_rate(self) -> float:
+        prompt = self.prompt_tokens._value.get()
+        return self.cached_tokens._value.get() / prompt if prompt else 0.0
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

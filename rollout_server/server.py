@@ -1,0 +1,49 @@
+"""Wiring: settings + a running stack -> the front door's state."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from engine.frontend_client import DynamoFrontendClient
+from rollout_server.app import AppState
+from rollout_server.auth import Authenticator, KeyStore, open_database
+from rollout_server.generation import ServingContext
+from rollout_server.metrics import Metrics
+from rollout_server.settings import Settings
+from rollout_server.tokenizer import ModelTokenizer
+
+log = logging.getLogger(__name__)
+
+TINY_MODEL_NAME = "tiny-qwen2"
+
+
+def resolve_model(settings: Settings) -> tuple[Path, str]:
+    """The model directory and the id clients use; builds the tiny model when no model is given."""
+    if settings.model is None:
+        from rollout_server.tiny_model import ensure_tiny_model
+
+        model_dir = ensure_tiny_model(0, settings.cache_dir / "models")
+        return model_dir, settings.served_model_name or TINY_MODEL_NAME
+    model_dir = settings.model.expanduser().resolve()
+    if not (model_dir / "config.json").exists():
+        raise SystemExit(f"--model {model_dir}: not a Hugging Face model directory (no config.json); "
+                         "no model hub is reachable, pass a local directory")
+    return model_dir, settings.served_model_name or model_dir.name
+
+
+def model_context_window(model_dir: Path, settings: Settings) -> int:
+    config = json.loads((model_dir / "config.json").read_text())
+    return min(settings.max_model_len, config.get("max_position_embeddings", settings.max_model_len))
+
+
+def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack) -> AppState:
+    ctx = ServingContext(
+        settings=settings, tokenizer=ModelTokenizer(model_dir),
+        client=DynamoFrontendClient(stack.frontend_url, settings.request_timeout_s),
+        metrics=Metrics(), model_name=model_name, max_model_len=model_context_window(model_dir, settings),
+        policy_version=settings.policy_version,
+    )
+    auth = Authenticator(KeyStore(open_database(settings.resolved_database_url), settings.admin_key))
+    return AppState(ctx=ctx, auth=auth, stack=stack)

@@ -1,0 +1,205 @@
+"""The tiny model: a few-million-parameter Qwen2 built locally, deterministically.
+
+No model hub is reachable from our machines, so the project makes its own model:
+a byte-level BPE tokenizer trained on a generated corpus, a ChatML chat template
+that renders tools and tool calls (Qwen2.5 / Hermes style), and randomly
+initialised Qwen2 weights drawn from a seed. The tokenizer never depends on the
+variant, so every variant is a drop-in checkpoint for the same base model
+(the deploy path swaps one for another).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+BASE_SEED = 1234
+BPE_VOCAB_SIZE = 4096
+CONTEXT_WINDOW = 32768
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added (not special) tokens: they survive skip_special_tokens, as in Qwen2.5.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
+
+@dataclass(frozen=True)
+class TinyModelShape:
+    hidden_size: int = 256
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    bpe_vocab_size: int = BPE_VOCAB_SIZE
+    max_position_embeddings: int = CONTEXT_WINDOW
+
+
+# HF renders chat templates with trim_blocks (a newline right after a block tag is dropped),
+# so every newline that follows a tag is written as {{ nl }}.
+CHAT_TEMPLATE = (
+    "{% set nl = '\\n' %}"
+    "{% if tools %}"
+    "<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}"
+    "{{ nl }}\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}"
+    "{{ nl }}</tools>\n\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% elif messages[0]['role'] == 'system' %}"
+    "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and loop.first %}"
+    "{% elif message['role'] == 'assistant' %}"
+    "<|im_start|>assistant"
+    "{% if message['content'] %}{{ nl }}{{ message['content'] }}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{{ nl }}<tool_call>\n{\"name\": \"{{ fn['name'] }}\", \"arguments\": "
+    "{% if fn['arguments'] is string %}{{ fn['arguments'] }}{% else %}{{ fn['arguments'] | tojson }}{% endif %}"
+    "}\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ nl }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def default_cache_dir() -> Path:
+    from rollout_server.settings import Settings
+
+    return Settings().cache_dir / "models"
+
+
+def tiny_model_dir(variant: int = 0, cache_dir: Path | None = None) -> Path:
+    return (cache_dir or default_cache_dir()) / f"tiny-qwen2-v{variant}"
+
+
+def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None) -> Path:
+    """Returns the tiny model's directory, building it first if it is missing."""
+    target = tiny_model_dir(variant, cache_dir)
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Several processes (test workers, benchmark, server) may ask at once: one builds.
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "config.json").exists():
+            build_tiny_model(target, variant)
+    return target
+
+
+def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = TinyModelShape()) -> Path:
+    """Builds the model into a temp dir beside `target`, then renames it into place."""
+    log.info("building tiny model variant %d into %s", variant, target)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        tokenizer = _train_tokenizer(shape.bpe_vocab_size)
+        tokenizer.save_pretrained(staging)
+        _write_weights(staging, shape, seed=BASE_SEED + variant, tokenizer=tokenizer)
+        (staging / "rollout_serve.json").write_text(json.dumps({"variant": variant, "seed": BASE_SEED + variant}))
+        if target.exists():
+            shutil.rmtree(target)
+        staging.chmod(0o755)
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _train_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    bpe.train_from_iterator(_training_corpus(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        model_max_length=CONTEXT_WINDOW,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_tokens(TOOL_TOKENS)
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _training_corpus(lines: int = 6000):
+    """English-like prose, code and JSON, from a fixed seed: the tokenizer is identical on every machine."""
+    rng = random.Random(BASE_SEED)
+    words = (
+        "the a of to and in is it you that for on with as are this be at or from have not by but what all "
+        "when can there use each which she do how their if will up other about out many then them these so "
+        "some would make like him into time has look two more write go see number no way could people my "
+        "than first water been call who oil its now find long down day did get come made may part file "
+        "function return import class def self value list string error read write open close path user "
+        "session model token cache worker request response prompt tool search edit shell run test json"
+    ).split()
+    snippets = [
+        'def {w}({v}):\n    return {v} + 1\n',
+        '{{"name": "{w}", "arguments": {{"{v}": "{w}"}}}}',
+        'for {v} in range(10):\n    print("{w}", {v})\n',
+        "<tool_call>\n{{\"name\": \"{w}\", \"arguments\": {{}}}}\n</tool_call>",
+        "if ({v} < 0 && {w} > 1) {{ return '{w}'; }}",
+    ]
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "ing", "er", "ion", "st"]
+    words += ["".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(3000)]
+    for _ in range(lines):
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(5, 25)))
+        code = rng.choice(snippets).format(w=rng.choice(words), v=rng.choice(words))
+        yield sentence.capitalize() + ". " + code
+
+
+def _write_weights(staging: Path, shape: TinyModelShape, seed: int, tokenizer) -> None:
+    import torch
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    # The embedding covers every token, added ones included, padded to a multiple of 64 as Qwen does.
+    vocab_size = -(-len(tokenizer) // 64) * 64
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        rope_theta=1_000_000.0,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tokenizer.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(torch.float32)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
+    model.save_pretrained(staging, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    log.info("tiny model: %.1fM parameters, vocab %d, context %d", params / 1e6, vocab_size, shape.max_position_embeddings)

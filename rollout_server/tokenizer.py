@@ -1,0 +1,64 @@
+"""The model's tokenizer, as the front door uses it.
+
+The front door renders chat templates and tokenizes itself, so the token ids it
+sends to the engine are exactly the ids it reports (and records) as the prompt.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's bytes_to_unicode: byte-level BPE symbol -> byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    codes = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            codes.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, codes)}
+
+
+class ModelTokenizer:
+    def __init__(self, model_dir: Path):
+        self.hf = AutoTokenizer.from_pretrained(str(model_dir))
+        self.vocab_size = len(self.hf)
+        self.eos_token_id = self.hf.eos_token_id
+        self._added = {tok.content for tok in self.hf.added_tokens_decoder.values()}
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
+
+    def render_chat(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> list[int]:
+        ids = self.hf.apply_chat_template(
+            messages, tools=tools or None, tokenize=True, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, return_dict=False,
+        )
+        return list(ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        token = self.hf.convert_ids_to_tokens(token_id)
+        if token is None:
+            return b""
+        if token in self._added:
+            return token.encode()
+        decoder = _byte_decoder()
+        return bytes(decoder[ch] for ch in token if ch in decoder)
+
+    def token_text(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def out_of_vocab(self, ids: list[int]) -> int | None:
+        """The first id outside the vocabulary, if any."""
+        return next((i for i in ids if i < 0 or i >= self.vocab_size), None)
