@@ -111,6 +111,7 @@ class Stack:
             "--max-model-len", str(self.settings.max_model_len),
             "--dtype", self.settings.dtype,
             "--kv-events-config", json.dumps(kv_events),
+            "--kv-cache-memory-bytes", str(int(self.settings.kv_cache_gib * 2**30)),
             "--discovery-backend", self.settings.discovery_backend,
         ]
         if self.settings.enforce_eager:
@@ -125,7 +126,6 @@ class Stack:
         }
         if not has_cuda():
             worker_env["VLLM_TARGET_DEVICE"] = "cpu"
-            worker_env["VLLM_CPU_KVCACHE_SPACE"] = f"{self.settings.kv_cache_gib:g}"
             worker_env["VLLM_CPU_OMP_THREADS_BIND"] = worker.cpu or "all"
             worker_env["OMP_NUM_THREADS"] = str(self.settings.cpu_threads_per_worker)
         return ProcessSpec(f"vllm-worker-{worker.index}", argv, worker_env, self.run_dir / f"worker-{worker.index}.log")

@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import types
 import typing
@@ -50,27 +51,34 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 
 # ---- commands ----------------------------------------------------------------------------
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     import uvicorn
 
     from engine.stack import Stack, StackStartError
-    from rollout_server.server import build_app_state, resolve_model
+    from rollout_server.app import create_app
+    from rollout_server.server import FrontDoorServer, build_app_state, resolve_model
 
     settings = settings_from_args(args)
     model_dir, model_name = resolve_model(settings)
     stack = Stack(settings, model_dir, model_name)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during start-up stops like Ctrl-C: children first
     try:
         stack.start()
-    except StackStartError as exc:
-        log.error("%s", exc)
-        return 1
-    try:
-        from rollout_server.app import create_app
-
         app = create_app(build_app_state(settings, model_dir, model_name, stack))
         log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %d worker(s))", settings.host, settings.port,
                  model_name, settings.workers)
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+        FrontDoorServer(config).run()
+        log.info("front door stopped")
+    except StackStartError as exc:
+        log.error("%s", exc)
+        return 1
+    except KeyboardInterrupt:
+        log.info("interrupted")
     finally:
         stack.stop()
     return 0
@@ -214,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("ROLLOUT_SERVE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     return args.func(args)
 

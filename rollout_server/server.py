@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import signal
 from pathlib import Path
+
+import uvicorn
 
 from engine.frontend_client import DynamoFrontendClient
 from rollout_server.app import AppState
@@ -47,3 +51,17 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack)
     )
     auth = Authenticator(KeyStore(open_database(settings.resolved_database_url), settings.admin_key))
     return AppState(ctx=ctx, auth=auth, stack=stack)
+
+
+class FrontDoorServer(uvicorn.Server):
+    """uvicorn, except that SIGINT/SIGTERM end `run()` normally (uvicorn re-raises them after shutdown,
+    which would kill the process before it stops the stack's children)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     kv_events_base_port: int = Field(20080, description="ZMQ KV-event port of worker 0; worker i uses base + i")
     worker_system_base_port: int = Field(18080, description="Dynamo system (health) port of worker 0; worker i uses base + i")
     block_size: int = Field(32, description="KV block size in tokens (CPU attention needs a multiple of 32)")
-    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per worker, GiB (VLLM_CPU_KVCACHE_SPACE on CPU)")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per worker, GiB (vLLM --kv-cache-memory-bytes)")
     enforce_eager: bool = Field(True, description="skip torch.compile/CUDA graphs (2x faster start-up on CPU)")
     cpu_threads_per_worker: int = Field(1, ge=1, description="OpenMP threads per vLLM CPU worker")
     startup_timeout_s: float = Field(420.0, description="how long `up` waits for every worker to become healthy")

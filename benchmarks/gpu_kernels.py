@@ -1,0 +1,103 @@
+"""GPU check for the kernels package, one prepared run (a few minutes on an H100/H200):
+
+  1. the GPU tests: pytest -m gpu tests/kernels (compiled kernels, BF16, timing assertion);
+  2. timing of the fused NVFP4 decode kernel against dequantize-then-attend (staged) at 1, 15 and 35
+     query tokens (one decode token per sequence), and of the sparse-MLA kernel at the same counts.
+
+    .venv/bin/python benchmarks/gpu_kernels.py
+
+Exits 2 with a message when CUDA is absent; otherwise with pytest's exit status.
+"""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERY_TOKENS = (1, 15, 35)
+CONTEXT = 8192
+Q_HEADS, KV_HEADS, HEAD_DIM, PAGE_SIZE = 32, 8, 128, 64  # a Llama/Qwen-7B-class GQA layer
+MLA_HEADS, MLA_SLOTS, MLA_TOP_K = 128, 65536, 2048  # DeepSeek-V3.2-style sparse MLA decode
+
+
+def run_gpu_tests() -> int:
+    print("== pytest -m gpu tests/kernels", flush=True)
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/kernels", "-q", "-s", "-p", "no:cacheprovider"]
+    return subprocess.run(command, cwd=ROOT).returncode
+
+
+def paged_decode_inputs(batch: int):
+    from kernels import page_codec
+
+    torch.manual_seed(0)
+    blocks_per_seq = math.ceil(CONTEXT / PAGE_SIZE)
+    num_blocks = batch * blocks_per_seq
+    k = torch.randn(num_blocks, PAGE_SIZE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(num_blocks, PAGE_SIZE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    scales = page_codec.PageScales.calibrate(k, v)
+    pages = torch.stack(
+        (page_codec.encode_heads(k, scales.k_global_scale), page_codec.encode_heads(v, scales.v_global_scale)), dim=1
+    )
+    block_table = torch.randperm(num_blocks, device="cuda").view(batch, blocks_per_seq).int()
+    seq_lens = torch.full((batch,), CONTEXT, dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, Q_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    return q, pages, block_table, seq_lens, scales
+
+
+def time_paged_decode() -> None:
+    import triton.testing
+
+    from kernels import attention_triton
+
+    print(f"== paged decode, {Q_HEADS} q / {KV_HEADS} kv heads x {HEAD_DIM}, context {CONTEXT}, page {PAGE_SIZE}")
+    print(f"   {'tokens':>6s} {'fused ms':>9s} {'staged ms':>10s} {'speed-up':>9s} {'fused KV GB/s':>14s}")
+    for batch in QUERY_TOKENS:
+        q, pages, block_table, seq_lens, scales = paged_decode_inputs(batch)
+        fused = triton.testing.do_bench(lambda: attention_triton.paged_decode_attention(q, pages, block_table, seq_lens, scales))
+        staged = triton.testing.do_bench(lambda: attention_triton.staged_decode_attention(q, pages, block_table, seq_lens, scales))
+        kv_bytes = batch * CONTEXT * 2 * KV_HEADS * pages.shape[-1]  # NVFP4 K and V the kernel reads
+        print(f"   {batch:6d} {fused:9.3f} {staged:10.3f} {staged / fused:8.2f}x {kv_bytes / fused / 1e6:14.1f}", flush=True)
+        del q, pages, block_table, seq_lens
+        torch.cuda.empty_cache()
+
+
+def time_sparse_mla() -> None:
+    import triton.testing
+
+    from kernels import attention_triton, mla_codec
+
+    print(f"== sparse MLA decode, {MLA_HEADS} heads, top-{MLA_TOP_K} of {MLA_SLOTS} slots (352-byte rows)")
+    torch.manual_seed(0)
+    latent = torch.randn(MLA_SLOTS, 512, device="cuda")
+    rope = torch.randn(MLA_SLOTS, 64, device="cuda")
+    scales = mla_codec.MlaScales.calibrate(latent, rope)
+    rows = mla_codec.encode_rows(latent, rope, scales)
+    for tokens in QUERY_TOKENS:
+        q_latent = torch.randn(tokens, MLA_HEADS, 512, device="cuda", dtype=torch.bfloat16) * 0.3
+        q_rope = torch.randn(tokens, MLA_HEADS, 64, device="cuda", dtype=torch.bfloat16)
+        indices = torch.randint(0, MLA_SLOTS, (tokens, MLA_TOP_K), device="cuda", dtype=torch.int32)
+        ms = triton.testing.do_bench(
+            lambda: attention_triton.sparse_mla_attention(q_latent, q_rope, rows, indices, scales, 1 / math.sqrt(192))
+        )
+        print(f"   {tokens:6d} tokens {ms:9.3f} ms", flush=True)
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu_kernels.py needs a CUDA GPU: torch.cuda.is_available() is False. "
+              "Run it on the device machine.", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(ROOT))
+    print(f"device: {torch.cuda.get_device_name()}", flush=True)
+    tests_status = run_gpu_tests()
+    time_paged_decode()
+    time_sparse_mla()
+    print(f"== GPU tests {'passed' if tests_status == 0 else f'FAILED (pytest exit {tests_status})'}")
+    return tests_status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,18 @@
+"""One real stack (front door + Dynamo KV router + 2 vLLM workers) shared by the API tests."""
+
+import openai
+import pytest
+
+from tests.stack_harness import start_stack
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    running = start_stack(tmp_path_factory.mktemp("stack"), workers=2)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def client(stack):
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused-in-open-mode", max_retries=0, timeout=120)

@@ -1,0 +1,86 @@
+"""Every client mistake is an OpenAI-shaped 4xx naming the field; never a 500, never a hang."""
+
+import httpx
+import openai
+import pytest
+
+MODEL = "tiny-qwen2"
+MSG = [{"role": "user", "content": "x"}]
+
+
+def post(stack, path, body=None, content=None):
+    return httpx.post(f"{stack.url}{path}", json=body, content=content, timeout=60,
+                      headers={"content-type": "application/json"})
+
+
+def assert_error(resp, status, param=None, code=None):
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if param is not None:
+        assert error["param"] == param, error
+    if code is not None:
+        assert error["code"] == code, error
+    return error
+
+
+def test_malformed_json(stack):
+    assert_error(post(stack, "/v1/chat/completions", content=b'{"model": "tiny-qwen2", "messages": ['), 400,
+                 code="invalid_json")
+
+
+def test_unknown_model(stack, client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="no-such-model", messages=MSG)
+    assert err.value.body["param"] == "model"
+    assert_error(post(stack, "/inference/v1/generate", {"model": "gpt-9", "token_ids": [1]}), 404, param="model")
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": -5}, "max_tokens"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "temperature": -1}, "temperature"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "temperature": "hot"}, "temperature"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "n": 0}, "n"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "top_p": 1.5}, "top_p"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": "hello"}, "messages"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {"model": MODEL}, "messages"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 99}, "logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": []}, "prompt"),
+    ("/inference/v1/generate", {"model": MODEL, "token_ids": [1, -2]}, "token_ids.1"),
+    ("/inference/v1/generate", {"model": MODEL, "token_ids": [1], "sampling_params": {"max_tokens": "many"}},
+     "sampling_params.max_tokens"),
+])
+def test_wrong_values_and_types_name_the_field(stack, path, body, param):
+    assert_error(post(stack, path, body), 400, param=param)
+
+
+def test_token_ids_out_of_vocabulary(stack, client):
+    assert_error(post(stack, "/inference/v1/generate", {"model": MODEL, "token_ids": [1, 10**6]}), 400,
+                 param="token_ids", code="token_out_of_vocabulary")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=[5, 999999], max_tokens=2)
+    assert err.value.body["param"] == "prompt"
+
+
+def test_prompt_over_the_context_window(stack, client):
+    long_prompt = [7] * 40000
+    assert_error(post(stack, "/v1/completions", {"model": MODEL, "prompt": long_prompt, "max_tokens": 1}), 400,
+                 param="prompt", code="context_length_exceeded")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 40000}], max_tokens=1)
+    assert err.value.body["param"] == "messages"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=32768)
+    assert err.value.body["param"] == "max_tokens"
+
+
+def test_unsupported_content_part_is_named(stack):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}
+    assert_error(post(stack, "/v1/chat/completions", body), 400, param="messages.0.content")
+
+
+def test_errors_are_counted_not_fatal(stack, client):
+    """After all the bad requests above the stack still serves."""
+    reply = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2)
+    assert reply.choices[0].finish_reason in ("length", "stop")

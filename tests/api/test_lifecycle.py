@@ -1,0 +1,56 @@
+"""A stack of its own: a worker that dies gives a clean 503; SIGTERM leaves no process behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.stack_harness import REPO, start_stack
+
+MODEL = "tiny-qwen2"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead too: it only waits to be reaped.
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ", 1)[1][0] != "Z"
+
+
+def test_dead_worker_gives_503_then_sigterm_stops_everything(tmp_path):
+    stack = start_stack(tmp_path, workers=1)
+    try:
+        ok = httpx.post(f"{stack.url}/v1/chat/completions", timeout=60,
+                        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert ok.status_code == 200
+
+        status = subprocess.run([sys.executable, "-m", "rollout_server.cli", "status", "--url", stack.url],
+                                cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and "True" in status.stdout, status.stdout + status.stderr
+
+        processes = stack.child_pids()
+        assert len(processes) >= 3  # frontend, worker, vLLM engine core
+        worker_pid = stack.status()["workers"][0]["pid"]
+        os.killpg(worker_pid, signal.SIGKILL)
+
+        started = time.monotonic()
+        dead = httpx.post(f"{stack.url}/v1/chat/completions", timeout=120,
+                          json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+        assert time.monotonic() - started < 60, "a dead worker must not hang the request"
+        assert dead.status_code == 503, dead.text
+        assert dead.json()["error"]["code"] == "service_unavailable"
+        health = httpx.get(f"{stack.url}/health", timeout=30)
+        assert health.status_code == 503 and health.json()["healthy_workers"] == 0
+    finally:
+        code = stack.stop(signal.SIGTERM)
+    assert code == 0, stack.log_tail()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_alive(p) for p in processes):
+        time.sleep(0.5)
+    assert not [p for p in processes if _alive(p)], "orphaned processes after SIGTERM"

@@ -1,0 +1,148 @@
+"""The OpenAI API through the real stack, with the openai SDK."""
+
+import json
+import math
+
+import httpx
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from tests.stack_harness import CACHE_DIR
+
+MODEL = "tiny-qwen2"
+HELLO = [{"role": "user", "content": "hello there, how are you?"}]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(stack):
+    return AutoTokenizer.from_pretrained(CACHE_DIR / "models" / "tiny-qwen2-v0")
+
+
+def test_models_lists_the_context_window(client):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["max_model_len"] >= 32768
+    assert models[0].model_extra["policy_version"] == 0
+
+
+def test_chat_answers_and_stamps_worker_and_policy_version(client):
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=0)
+    reply = raw.parse()
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    assert reply.usage.completion_tokens == 8 or reply.choices[0].finish_reason == "stop"
+    assert raw.headers["x-policy-version"] == "0"
+    assert reply.model_extra["policy_version"] == 0
+    assert raw.headers["x-worker-id"] == reply.model_extra["worker_id"]
+
+
+def test_streaming_matches_the_non_streamed_greedy_answer(client):
+    full = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == full.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == full.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_n_returns_independent_choices(client):
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, n=3, temperature=1.0, seed=7)
+    assert sorted(c.index for c in reply.choices) == [0, 1, 2]
+    assert len({c.message.content for c in reply.choices}) > 1
+    assert reply.usage.completion_tokens == sum(6 for _ in reply.choices) or any(
+        c.finish_reason == "stop" for c in reply.choices)
+
+
+def test_seed_makes_sampling_repeatable(client):
+    def sample():
+        return client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=1.0, seed=42,
+                                              extra_headers={"X-Session-ID": "seeded"}).choices[0].message.content
+    assert sample() == sample()
+
+
+def test_chat_logprobs_cover_every_token_with_top_alternatives(client, tokenizer):
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, temperature=1.0, seed=3,
+                                           logprobs=True, top_logprobs=3, extra_body={"return_token_ids": True})
+    entries = reply.choices[0].logprobs.content
+    token_ids = reply.choices[0].model_extra["token_ids"]
+    assert len(entries) == len(token_ids) == reply.usage.completion_tokens
+    for entry, token_id in zip(entries, token_ids):
+        assert math.isfinite(entry.logprob) and entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        assert [t.logprob for t in entry.top_logprobs] == sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+        assert bytes(entry.bytes) == tokenizer.convert_tokens_to_string([tokenizer.convert_ids_to_tokens(token_id)]).encode() \
+            or entry.token == "\ufffd"
+    assert tokenizer.decode(token_ids) == reply.choices[0].message.content
+    prompt_ids = reply.model_extra["prompt_token_ids"]
+    assert prompt_ids == tokenizer.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=True, return_dict=False)
+
+
+def test_logprobs_sent_as_strings_are_coerced(stack):
+    body = {"model": MODEL, "messages": HELLO, "max_tokens": "3", "logprobs": "true", "temperature": "0"}
+    reply = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert len(reply["choices"][0]["logprobs"]["content"]) == 3
+
+
+def test_stop_string_truncates_and_reports_stop(client):
+    greedy = client.completions.create(model=MODEL, prompt="the model says", max_tokens=12, temperature=0).choices[0]
+    stop_at = greedy.text[len(greedy.text) // 2:][:3]
+    assert stop_at.strip(), f"need a non-blank stop string from {greedy.text!r}"
+    stopped = client.completions.create(model=MODEL, prompt="the model says", max_tokens=12, temperature=0,
+                                        stop=[stop_at]).choices[0]
+    assert stopped.finish_reason == "stop"
+    assert stop_at not in stopped.text
+    assert greedy.text.startswith(stopped.text)
+
+
+def test_token_id_completion_returns_exact_ids(client, tokenizer):
+    prompt = tokenizer.encode("fn read file path")
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=7, temperature=0, logprobs=2,
+                                      extra_body={"return_token_ids": True})
+    choice = reply.choices[0]
+    assert choice.model_extra["prompt_token_ids"] == prompt
+    assert len(choice.model_extra["token_ids"]) == reply.usage.completion_tokens == 7
+    assert tokenizer.decode(choice.model_extra["token_ids"]) == choice.text
+    assert len(choice.logprobs.token_logprobs) == 7
+    assert all(len(top) == 2 for top in choice.logprobs.top_logprobs)
+
+
+def test_text_and_batched_prompts_and_echo(client):
+    reply = client.completions.create(model=MODEL, prompt=["first prompt", "second prompt"], max_tokens=3, temperature=0)
+    assert [c.index for c in reply.choices] == [0, 1]
+    echoed = client.completions.create(model=MODEL, prompt="echo me", max_tokens=3, temperature=0, echo=True)
+    assert echoed.choices[0].text.startswith("echo me")
+    assert echoed.choices[0].text[len("echo me"):] == reply.choices[0].text or len(echoed.choices[0].text) > len("echo me")
+
+
+def test_response_format_json_schema_constrains_the_answer(client):
+    schema = {"type": "object", "properties": {"c": {"enum": ["yes", "no"]}, "n": {"type": "integer"}},
+              "required": ["c", "n"], "additionalProperties": False}
+    finished = 0
+    for seed in range(4):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "answer"}], max_tokens=60, seed=seed, temperature=1.0,
+            response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}})
+        text = reply.choices[0].message.content
+        assert text.lstrip().startswith("{")
+        if reply.choices[0].finish_reason == "stop":
+            finished += 1
+            answer = json.loads(text)
+            assert answer["c"] in ("yes", "no") and isinstance(answer["n"], int) and set(answer) == {"c", "n"}
+    assert finished >= 1
+
+
+def test_metrics_count_requests_tokens_and_latency(stack, client):
+    client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4)
+    text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    def value(name):
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name))
+    assert value('rollout_requests_total{endpoint="chat.completions",outcome="ok"}') >= 1
+    assert value("rollout_completion_tokens_total") >= 4
+    assert value("rollout_time_to_first_token_seconds_count") >= 1
+    assert value("rollout_inter_token_latency_seconds_count") >= 3
+    assert value("rollout_worker_healthy") == 2
+    assert "rollout_worker_inflight_requests{" in text

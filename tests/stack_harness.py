@@ -1,0 +1,106 @@
+"""Starts a real `rollout-serve up` (front door + Dynamo frontend + vLLM workers) for tests.
+
+Each stack gets free ports and its own state directory; the tiny model is shared
+through the cache directory so it is built once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE_DIR = Path(os.environ.get("ROLLOUT_SERVE_TEST_CACHE", REPO / ".cache" / "rollout-serve"))
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port_block(size: int, start: int = 30000) -> int:
+    """The first port p >= start such that p .. p+size-1 are all free."""
+    port = start
+    while port < 60000:
+        if all(_port_is_free(port + i) for i in range(size)):
+            return port
+        port += size + 7
+    raise RuntimeError("no free port block")
+
+
+@dataclass
+class RunningStack:
+    url: str
+    process: subprocess.Popen
+    state_dir: Path
+    log_path: Path
+    model: str = "tiny-qwen2"
+
+    def status(self) -> dict:
+        return httpx.get(f"{self.url}/v1/status", timeout=10).json()
+
+    def child_pids(self) -> list[int]:
+        """Every process in the stack's process tree (for orphan checks)."""
+        out = subprocess.run(["ps", "-eo", "pid=,ppid=,pgid="], capture_output=True, text=True).stdout
+        rows = [tuple(map(int, line.split())) for line in out.splitlines() if line.strip()]
+        tree, frontier = set(), {self.process.pid}
+        while frontier:
+            tree |= frontier
+            frontier = {pid for pid, ppid, _ in rows if ppid in frontier} - tree
+        groups = {pgid for pid, _, pgid in rows if pid in tree}
+        return sorted({pid for pid, _, pgid in rows if pgid in groups} | tree - {self.process.pid})
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = None,
+                extra_env: dict[str, str] | None = None, timeout_s: float = 420.0) -> RunningStack:
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    base = free_port_block(4 + 2 * workers)
+    port, frontend_port = base, base + 1
+    args = [
+        sys.executable, "-m", "rollout_server.cli", "up",
+        "--workers", str(workers), "--port", str(port), "--frontend-port", str(frontend_port),
+        "--worker-system-base-port", str(base + 2), "--kv-events-base-port", str(base + 2 + workers),
+        "--cache-dir", str(CACHE_DIR), "--state-dir", str(tmp_dir / "state"),
+        "--kv-cache-gib", "0.5",
+    ] + (extra_args or [])
+    log_path = tmp_dir / "rollout-serve.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    stack = RunningStack(f"http://127.0.0.1:{port}", process, tmp_dir / "state", log_path)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"rollout-serve up exited with {process.returncode}:\n{stack.log_tail()}")
+        try:
+            if httpx.get(f"{stack.url}/health", timeout=2).status_code == 200:
+                return stack
+        except httpx.HTTPError:
+            pass
+        time.sleep(1.0)
+    stack.stop(signal.SIGKILL)
+    raise RuntimeError(f"stack not healthy after {timeout_s:.0f}s:\n{stack.log_tail()}")

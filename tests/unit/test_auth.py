@@ -1,0 +1,68 @@
+"""API keys: hashed at rest, mapped to teams, open local mode only while no key exists."""
+
+import subprocess
+import sys
+
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.frontend_client import DynamoFrontendClient
+from rollout_server.app import AppState, create_app
+from rollout_server.auth import Authenticator, KeyStore, open_database
+from rollout_server.generation import ServingContext
+from rollout_server.metrics import Metrics
+from rollout_server.settings import Settings
+from rollout_server.tiny_model import ensure_tiny_model
+from rollout_server.tokenizer import ModelTokenizer
+from tests.stack_harness import CACHE_DIR, REPO, free_port_block
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return ensure_tiny_model(0, CACHE_DIR / "models")
+
+
+def make_app(model_dir, database_url: str) -> TestClient:
+    settings = Settings(database_url=database_url)
+    nowhere = f"http://127.0.0.1:{free_port_block(1)}"  # no engine listens here: requests must fail cleanly
+    ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=DynamoFrontendClient(nowhere, 10),
+                         metrics=Metrics(), model_name="tiny-qwen2", max_model_len=32768)
+    auth = Authenticator(KeyStore(open_database(database_url)))
+    return TestClient(create_app(AppState(ctx=ctx, auth=auth)))
+
+
+def create_key_with_cli(database_url: str, team: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "rollout_server.cli", "keys", "create", "--team", team,
+                           "--database-url", database_url], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_keys_map_to_teams_and_are_stored_hashed(tmp_path, model_dir):
+    db = tmp_path / "keys.db"
+    url = f"sqlite:///{db}"
+    key = create_key_with_cli(url, "team-a")
+    assert key.startswith("rs-") and key.encode() not in db.read_bytes()
+    app = make_app(model_dir, url)
+
+    missing = app.get("/v1/models")
+    assert missing.status_code == 401 and missing.json()["error"]["code"] == "missing_api_key"
+    wrong = app.get("/v1/models", headers={"Authorization": "Bearer rs-not-a-key"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    ok = app.get("/v1/models", headers={"Authorization": f"Bearer {key}"})
+    assert ok.status_code == 200 and ok.json()["data"][0]["id"] == "tiny-qwen2"
+
+    store = KeyStore(open_database(url))
+    assert store.lookup(key).team == "team-a"
+    assert store.revoke(key[:10]) == 1
+    assert store.lookup(key) is None
+
+
+def test_open_mode_without_keys_and_503_when_the_engine_is_unreachable(tmp_path, model_dir):
+    app = make_app(model_dir, f"sqlite:///{tmp_path / 'empty.db'}")
+    assert app.get("/v1/models").status_code == 200
+    resp = app.post("/v1/chat/completions", json={"model": "tiny-qwen2", "max_tokens": 2,
+                                                  "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status_code == 503
+    assert resp.json()["error"]["type"] == "service_unavailable"
+    assert resp.headers["retry-after"] == "1"
