@@ -1,0 +1,58 @@
+"""The interface every tool-call format implements, and the base most formats share.
+
+A format knows three things about its model family: how one call for a tool looks as
+an xgrammar tag, which text opens a call, and how to read a call's body. The base
+class turns those into the structural tag for a request and into parsers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from rollout_server.tool_calls.output import ParsedOutput
+from rollout_server.tool_calls.request import FunctionTool, read_tool_request
+from rollout_server.tool_calls.stream import CallBodyParser, StreamParser, parse_whole
+from rollout_server.tool_calls.structural_tag import combine_tags
+
+
+class ToolCallFormat(Protocol):
+    name: str
+
+    def matches_chat_template(self, chat_template: str) -> bool: ...
+
+    def structural_tag(self, tools: list[dict], choice: Any, parallel: bool | None) -> dict | None: ...
+
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedOutput: ...
+
+    def stream_parser(self, tools: list[dict] | None = None) -> StreamParser: ...
+
+
+class TaggedCallFormat:
+    """A format whose calls each open with `call_marker` (the grammar's trigger)."""
+
+    name: str
+    call_marker: str
+
+    def matches_chat_template(self, chat_template: str) -> bool:
+        raise NotImplementedError
+
+    def tool_tag(self, tool: FunctionTool) -> dict[str, Any]:
+        """The xgrammar tag for one call of `tool`; its begin starts with call_marker."""
+        raise NotImplementedError
+
+    def body_parser(self, tools: list[FunctionTool]) -> CallBodyParser:
+        """A parser for the text after call_marker, up to the end of the call."""
+        raise NotImplementedError
+
+    def structural_tag(self, tools: list[dict], choice: Any, parallel: bool | None) -> dict | None:
+        """The xgrammar structural tag (call validate_tool_request first); None = no constraint."""
+        function_tools, tool_choice = read_tool_request(tools, choice)
+        tags = {tool.name: self.tool_tag(tool) for tool in function_tools}
+        return combine_tags(tags, self.call_marker, tool_choice, parallel is not False)
+
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedOutput:
+        return parse_whole(self.stream_parser(tools), text)
+
+    def stream_parser(self, tools: list[dict] | None = None) -> StreamParser:
+        function_tools, _ = read_tool_request(tools, None)
+        return StreamParser(self.call_marker, lambda: self.body_parser(function_tools))

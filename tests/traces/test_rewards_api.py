@@ -1,0 +1,81 @@
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+from trace_factory import make_record
+
+from trace_pipeline.api import rewards_router
+from trace_pipeline.capture import TraceCapture
+from trace_pipeline.config import TraceSettings
+
+
+def team_from_header(request: Request) -> str:
+    return request.headers["x-team"]
+
+
+@pytest.fixture()
+def served(tmp_path):
+    """A running capture (nothing sealed: flush_every_s is long) and a client of the router."""
+    capture = TraceCapture(TraceSettings(dir=tmp_path / "store", flush_every_s=60))
+    capture.start()
+    capture.record_sync(make_record("req-a", session_id="sess-a", team="team-a"))
+    capture.record_sync(make_record("req-b", session_id="sess-b", team="team-b"))
+    app = FastAPI()
+    app.include_router(rewards_router(capture, team_from_header))
+    yield capture, TestClient(app)
+    capture.close()
+
+
+def post(client, team, *items):
+    return client.post("/v1/traces/rewards", json={"rewards": list(items)}, headers={"x-team": team})
+
+
+def test_rewards_for_own_unsealed_trace_and_session_are_stored(served):
+    capture, client = served
+    response = post(client, "team-a",
+                    {"request_id": "req-a", "reward": 1.0, "metrics": {"pass": 1.0}},
+                    {"session_id": "sess-a", "advantage": -0.5})
+    assert response.status_code == 200, response.text
+    data = response.json()["data"]
+    assert [d["object"] for d in data] == ["trace.reward"] * 2
+    rows = capture.store.read_rewards("team-a")
+    assert [(r.request_id, r.session_id, r.reward, r.advantage) for r in rows] == [
+        ("req-a", None, 1.0, None), (None, "sess-a", None, -0.5)]
+
+
+def test_reward_for_another_teams_trace_is_refused_with_an_openai_error(served):
+    capture, client = served
+    response = post(client, "team-a", {"request_id": "req-a", "reward": 1.0},
+                    {"request_id": "req-b", "reward": 1.0})
+    assert response.status_code == 403
+    assert response.json() == {"error": {
+        "message": "request_id 'req-b' belongs to another team", "type": "permission_error",
+        "param": "rewards.1.request_id", "code": "trace_not_owned"}}
+    assert capture.store.read_rewards() == [], "all or nothing: the valid item is not stored"
+
+
+def test_reward_for_another_teams_session_is_refused(served):
+    _, client = served
+    response = post(client, "team-a", {"session_id": "sess-b", "reward": 0.0})
+    assert response.status_code == 403
+    assert response.json()["error"]["param"] == "rewards.0.session_id"
+
+
+def test_reward_for_unknown_trace_is_not_found(served):
+    _, client = served
+    response = post(client, "team-a", {"request_id": "nope", "reward": 1.0})
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "trace_not_found"
+
+
+@pytest.mark.parametrize("item, param", [
+    ({"request_id": "req-a", "session_id": "sess-a", "reward": 1.0}, "rewards.0.request_id"),
+    ({"request_id": "req-a"}, "rewards.0.reward"),
+    ({"request_id": "req-a", "reward": "high"}, "rewards.0.reward"),
+    ({"request_id": "req-a", "reward": 1.0, "bonus": 2}, "rewards.0.bonus"),
+])
+def test_invalid_reward_names_the_field(served, item, param):
+    _, client = served
+    response = post(client, "team-a", item)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
