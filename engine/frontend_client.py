@@ -32,7 +32,8 @@ class EngineRequest:
     max_tokens: int
     sampling: dict                       # OpenAI completion fields passed through (temperature, n, stop, ...)
     top_logprobs: int = 0                # alternatives per position the client wants
-    guided: dict = field(default_factory=dict)   # e.g. {"guided_json": schema}
+    # Guided decoding, as Dynamo's completions API takes it: {"guided_json": schema} or {"guided_grammar": ebnf}
+    guided: dict = field(default_factory=dict)
     session_id: str | None = None
     prompt_param: str = "prompt"         # the client's field that held the prompt (named in errors)
 

@@ -31,6 +31,7 @@ class AppState:
     ctx: ServingContext
     auth: Authenticator
     stack: object | None = None   # engine.stack.Stack when this process started the stack
+    traces: object | None = None  # rollout_server.tracing.TraceHook when trace capture is on
     started_at: float = 0.0
 
 
@@ -40,6 +41,8 @@ def create_app(state: AppState) -> FastAPI:
         state.started_at = time.time()
         yield
         await state.ctx.client.close()
+        if state.traces is not None:
+            await state.traces.close()
 
     app = FastAPI(title="rollout-serve", version="0.1.0", lifespan=lifespan)
     app.state.rollout = state
@@ -48,6 +51,11 @@ def create_app(state: AppState) -> FastAPI:
 
     def principal(request: Request) -> Principal:
         return state.auth.authenticate(request.headers.get("authorization"))
+
+    if state.traces is not None:
+        from trace_pipeline.api import rewards_router
+
+        app.include_router(rewards_router(state.traces.capture, lambda request: principal(request).team))
 
     @app.get("/health")
     async def health():

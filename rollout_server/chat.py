@@ -2,22 +2,44 @@
 
 The front door renders the chat template itself (exact prompt ids), sends the ids
 to the engine, and builds the OpenAI response (or its SSE stream) from the
-engine's tokens. Tools are rendered into the prompt by the model's template.
+engine's tokens. With tools, the request's tools and tool_choice become a grammar
+the engine enforces, and the output is parsed back into `tool_calls`.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.frontend_client import EngineRequest
+from engine.frontend_client import ChoiceDelta, EngineRequest
 from rollout_server.errors import APIError, bad_request
-from rollout_server.generation import ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, sampling_dict, session_id_for
+from rollout_server.generation import (
+    ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, sampling_dict, session_id_for, sse,
+)
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest
+from rollout_server.structured import grammar_for_structural_tag, guided_for_response_format
+from rollout_server.tool_calls import StreamParser, ToolCallFormat, ToolRequestError, finish_reason_for, fold_deltas
+
+
+@dataclass
+class ToolPlan:
+    """How this request's tool calls are constrained (structural tag) and read back (parser)."""
+
+    fmt: ToolCallFormat
+    tools: list[dict]
+    guided: dict
+
+    def message_for(self, choice: ChoiceResult) -> tuple[dict, str | None]:
+        parsed = self.fmt.parse(choice.text, self.tools)
+        message = {"role": "assistant", "content": parsed.content}
+        if parsed.tool_calls:
+            message["tool_calls"] = parsed.tool_calls
+        return message, finish_reason_for(parsed, choice.finish_reason)
 
 
 def _messages(req: ChatCompletionRequest) -> list[dict]:
@@ -38,22 +60,29 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
     return messages
 
 
-def guided_decoding(response_format: dict | None, param: str = "response_format") -> dict:
-    """response_format -> the engine's structured-output field (Dynamo: guided_json)."""
-    if not response_format or response_format.get("type") == "text":
-        return {}
-    kind = response_format.get("type")
-    if kind == "json_object":
-        return {"guided_json": {"type": "object"}}
-    if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
-        if not isinstance(schema, dict):
-            raise bad_request("response_format.json_schema.schema must be a JSON schema object", param=f"{param}.json_schema.schema")
-        return {"guided_json": schema}
-    raise bad_request(f"response_format type {kind!r} is not supported (text, json_object, json_schema)", param=f"{param}.type")
+async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPlan | None:
+    choice = req.tool_choice if req.tool_choice is not None else "auto"
+    if not req.tools:
+        if choice not in ("none", "auto"):
+            raise bad_request("tool_choice needs tools: this request declares none", param="tool_choice")
+        return None
+    if choice == "none":
+        return None  # tools stay in the prompt; nothing is enforced or parsed
+    if ctx.tool_format is None:
+        raise bad_request(f"model {ctx.model_name} has no tool-call format in its chat template", param="tools")
+    if req.response_format and req.response_format.get("type") != "text":
+        raise bad_request("response_format cannot be combined with tools", param="response_format")
+    try:
+        fragment = await ctx.grammars.get(req.tools, choice, req.parallel_tool_calls, ctx.tool_format)
+    except ToolRequestError as exc:
+        raise bad_request(str(exc), param=exc.param) from exc
+    tag = fragment.get("structured_outputs", {}).get("structural_tag")
+    guided = {"guided_grammar": await asyncio.to_thread(grammar_for_structural_tag, tag)} if tag else {}
+    return ToolPlan(ctx.tool_format, req.tools, guided)
 
 
-def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str) -> EngineRequest:
+def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
+                         tool_plan: ToolPlan | None) -> EngineRequest:
     try:
         prompt_ids = ctx.tokenizer.render_chat(_messages(req), req.tools, req.add_generation_prompt,
                                                req.continue_final_message)
@@ -62,36 +91,36 @@ def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, sessio
     except Exception as exc:  # the template rejected the conversation (e.g. a role it does not know)
         raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from exc
     max_tokens = check_prompt(ctx, prompt_ids, req.max_new_tokens, "messages")
+    guided = tool_plan.guided if tool_plan else guided_for_response_format(req.response_format)
     return EngineRequest(
         model=ctx.model_name, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
         max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.top_logprobs or 0,
-        guided=guided_decoding(req.response_format), session_id=session_id, prompt_param="messages",
+        guided=guided, session_id=session_id, prompt_param="messages",
     )
 
 
-def _choice_json(ctx: ServingContext, req: ChatCompletionRequest, choice: ChoiceResult) -> dict:
-    body = {
-        "index": choice.index,
-        "message": {"role": "assistant", "content": choice.text},
-        "finish_reason": choice.finish_reason,
-        "logprobs": chat_logprobs(ctx.tokenizer, choice.tokens, req.top_logprobs or 0, req.return_tokens_as_token_ids)
-        if req.logprobs else None,
-    }
-    if req.return_token_ids:
-        body["token_ids"] = choice.token_ids
-    return body
+def _finish_choice(tool_plan: ToolPlan | None):
+    """Sets each finished choice's message (and, with tools, its finish reason) for the response and traces."""
+    def finish(choice: ChoiceResult) -> None:
+        if tool_plan is None:
+            choice.message = {"role": "assistant", "content": choice.text}
+        else:
+            choice.message, choice.finish_reason = tool_plan.message_for(choice)
+    return finish
 
 
 async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, request: Request, team: str):
     if req.model != ctx.model_name:
         raise APIError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
     session_id = session_id_for(request, req.user)
-    engine_request = build_engine_request(ctx, req, session_id)
+    tool_plan = await plan_tools(ctx, req)
+    engine_request = build_engine_request(ctx, req, session_id, tool_plan)
     generation = Generation(ctx, engine_request, team=team, endpoint="chat.completions",
-                            request_body=req.model_dump(exclude_none=True))
+                            request_body=req.model_dump(exclude_none=True),
+                            on_choice_finished=None if req.stream else _finish_choice(tool_plan))
     await generation.start()
     if req.stream:
-        return StreamingResponse(_stream(ctx, req, generation), media_type="text/event-stream",
+        return StreamingResponse(_stream(ctx, req, generation, tool_plan), media_type="text/event-stream",
                                  headers=generation.response_headers())
     choices = await generation.run_to_end()
     body = {
@@ -105,30 +134,74 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, requ
     return JSONResponse(body, headers=generation.response_headers())
 
 
-def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def _choice_json(ctx: ServingContext, req: ChatCompletionRequest, choice: ChoiceResult) -> dict:
+    body = {
+        "index": choice.index, "message": choice.message, "finish_reason": choice.finish_reason,
+        "logprobs": chat_logprobs(ctx.tokenizer, choice.tokens, req.top_logprobs or 0, req.return_tokens_as_token_ids)
+        if req.logprobs else None,
+    }
+    if req.return_token_ids:
+        body["token_ids"] = choice.token_ids
+    return body
 
 
-async def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generation):
+class _ChoiceStream:
+    """One choice's SSE deltas: text through the tool-call parser (if any), tokens as logprobs."""
+
+    def __init__(self, index: int, tool_plan: ToolPlan | None):
+        self.index = index
+        self.parser: StreamParser | None = tool_plan.fmt.stream_parser(tool_plan.tools) if tool_plan else None
+        self.sent: list[dict] = []
+        self.started = False
+
+    def deltas(self, delta: ChoiceDelta) -> tuple[list[dict], str | None]:
+        deltas = self.parser.feed(delta.text) if self.parser else ([{"content": delta.text}] if delta.text else [])
+        finish = delta.finish_reason
+        if finish and self.parser:
+            tail, finish = self.parser.finish(finish)
+            deltas += tail
+        if not self.started:
+            self.started = True
+            deltas = [{"role": "assistant", **(deltas[0] if deltas else {"content": ""})}] + deltas[1:]
+        self.sent += deltas
+        return deltas, finish
+
+    def message(self) -> dict:
+        content, calls = fold_deltas(self.sent)
+        message = {"role": "assistant", "content": content if self.parser else (content or "")}
+        if calls:
+            message["tool_calls"] = calls
+        return message
+
+
+async def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generation, tool_plan: ToolPlan | None):
     base = {"id": generation.req.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": ctx.model_name, "policy_version": ctx.policy_version}
-    started: set[int] = set()
+    streams: dict[int, _ChoiceStream] = {}
     try:
         async for chunk in generation.chunks():
             for delta in chunk.deltas:
-                message = {"content": delta.text}
-                if delta.index not in started:
-                    started.add(delta.index)
-                    message["role"] = "assistant"
-                choice = {"index": delta.index, "delta": message, "finish_reason": delta.finish_reason, "logprobs": None}
-                if req.logprobs:
-                    choice["logprobs"] = chat_logprobs(ctx.tokenizer, delta.tokens, req.top_logprobs or 0,
-                                                       req.return_tokens_as_token_ids)
-                if req.return_token_ids:
-                    choice["token_ids"] = [t.token_id for t in delta.tokens]
-                yield sse({**base, "choices": [choice]})
+                stream = streams.setdefault(delta.index, _ChoiceStream(delta.index, tool_plan))
+                for choice in _chunk_choices(ctx, req, stream, delta):
+                    yield sse({**base, "choices": [choice]})
+                if delta.finish_reason:
+                    result = generation.choices[delta.index]
+                    result.message, result.finish_reason = stream.message(), choice["finish_reason"]
         if req.stream_options and req.stream_options.include_usage:
             yield sse({**base, "choices": [], "usage": generation.usage_dict()})
     except APIError as err:
         yield sse(err.body())
     yield "data: [DONE]\n\n"
+
+
+def _chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, stream: _ChoiceStream, delta: ChoiceDelta) -> list[dict]:
+    """The chunk choices for one engine delta; tokens and logprobs ride on the first of them."""
+    deltas, finish = stream.deltas(delta)
+    choices = [{"index": delta.index, "delta": d, "finish_reason": None, "logprobs": None} for d in deltas or [{}]]
+    choices[-1]["finish_reason"] = finish
+    if req.logprobs:
+        choices[0]["logprobs"] = chat_logprobs(ctx.tokenizer, delta.tokens, req.top_logprobs or 0,
+                                               req.return_tokens_as_token_ids)
+    if req.return_token_ids:
+        choices[0]["token_ids"] = [t.token_id for t in delta.tokens]
+    return choices

@@ -12,6 +12,8 @@ import types
 import typing
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from rollout_server.settings import Settings
 
 log = logging.getLogger("rollout_serve")
@@ -34,6 +36,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per Settings field, documented by the field itself; unset flags fall back to env/defaults."""
     group = parser.add_argument_group("settings (also ROLLOUT_SERVE_<NAME> environment variables)")
     for name, field in Settings.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            continue  # nested sections are set through environment variables (see settings.py)
         flag = "--" + name.replace("_", "-")
         kind, choices = _scalar_type(field.annotation)
         default = field.default if field.default_factory is None else field.default_factory()
@@ -88,7 +92,7 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
     from rollout_server.tiny_model import ensure_tiny_model
 
     cache = Path(args.cache_dir) / "models" if args.cache_dir else None
-    print(ensure_tiny_model(args.variant, cache))
+    print(ensure_tiny_model(args.variant, cache, args.tool_format))
     return 0
 
 
@@ -184,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     model = sub.add_parser("model", help="build models").add_subparsers(dest="model_command", required=True)
     tiny = model.add_parser("tiny", help="build the tiny Qwen2 model (deterministic) and print its directory")
     tiny.add_argument("--variant", type=int, default=0, help="weights seed offset: 1 gives a second checkpoint")
+    tiny.add_argument("--tool-format", choices=["hermes", "xml"], default="hermes",
+                      help="tool-call syntax of the chat template: Hermes JSON or Qwen3-Coder XML parameters")
     tiny.add_argument("--cache-dir", help="cache directory (default: ROLLOUT_SERVE_CACHE_DIR or ~/.cache/rollout-serve)")
     tiny.set_defaults(func=cmd_model_tiny)
 
@@ -198,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--url", default=DEFAULT_URL, help=f"front door URL (default: {DEFAULT_URL})")
         p.add_argument("--api-key", help="API key (default: ROLLOUT_SERVE_API_KEY or OPENAI_API_KEY)")
         p.set_defaults(func=func)
+
+    from trace_pipeline.cli import add_traces_commands
+
+    add_traces_commands(sub)
 
     keys = sub.add_parser("keys", help="API keys (stored hashed)").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key for a team and print it once")
@@ -224,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return args.run(args) if hasattr(args, "run") else args.func(args)
 
 
 if __name__ == "__main__":

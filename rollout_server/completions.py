@@ -8,14 +8,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.frontend_client import EngineRequest
-from rollout_server.chat import guided_decoding, sse
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, sampling_dict,
-    session_id_for,
+    session_id_for, sse,
 )
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
 from rollout_server.protocol import CompletionRequest, GenerateRequest
+from rollout_server.structured import guided_for_response_format
 
 
 def _check_model(ctx: ServingContext, model: str) -> None:
@@ -52,7 +52,8 @@ async def completions(ctx: ServingContext, req: CompletionRequest, request: Requ
         engine_request = EngineRequest(
             model=ctx.model_name, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
             prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.logprobs or 0,
-            guided=guided_decoding(req.response_format), session_id=session_id, prompt_param="prompt")
+            guided=guided_for_response_format(req.response_format), session_id=session_id,
+            prompt_param="prompt")
         generations.append(Generation(ctx, engine_request, team=team, endpoint="completions",
                                       request_body=req.model_dump(exclude_none=True)))
     for g in generations:

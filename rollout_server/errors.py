@@ -49,7 +49,9 @@ def error_response(err: APIError) -> JSONResponse:
 
 
 def _param_from_location(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    if loc and loc[0] in ("body", "query", "path", "header"):
+        loc = loc[1:]  # where the value came from, not part of its name
+    parts = [str(p) for p in loc]
     # pydantic reports union members as extra path parts ("str", "list[int]"); drop them.
     parts = [p for p in parts if not any(c in p for c in "[]()") and p not in ("str", "int", "float", "bool")]
     return ".".join(parts) or None

@@ -9,6 +9,7 @@ request in the metrics and hands the finished record to the `on_finish` hooks.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -23,6 +24,7 @@ from rollout_server.metrics import Metrics
 from rollout_server.protocol import SamplingFields
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
+from rollout_server.tool_calls import GrammarCache, ToolCallFormat
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ class ChoiceResult:
     text: str = ""
     tokens: list[SampledToken] = field(default_factory=list)
     finish_reason: str | None = None
+    message: dict | None = None        # chat: the assistant message as the client saw it (tool calls parsed)
 
     @property
     def token_ids(self) -> list[int]:
@@ -81,6 +84,8 @@ class ServingContext:
     max_model_len: int
     policy_version: int = 0
     on_finish: list[FinishHook] = field(default_factory=list)
+    tool_format: ToolCallFormat | None = None     # from the chat template; None: the model cannot call tools
+    grammars: GrammarCache = field(default_factory=GrammarCache)
 
 
 def session_id_for(request: Request, user: str | None) -> str:
@@ -113,12 +118,13 @@ def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | N
 
 class Generation:
     def __init__(self, ctx: ServingContext, engine_request: EngineRequest, *, team: str, endpoint: str,
-                 request_body: dict):
+                 request_body: dict, on_choice_finished: Callable[[ChoiceResult], None] | None = None):
         self.ctx = ctx
         self.req = engine_request
         self.team = team
         self.endpoint = endpoint
         self.request_body = request_body
+        self.on_choice_finished = on_choice_finished
         self.choices: dict[int, ChoiceResult] = {}
         self.worker_id: str | None = None
         self.usage = None
@@ -169,6 +175,8 @@ class Generation:
         choice.tokens.extend(delta.tokens)
         if delta.finish_reason:
             choice.finish_reason = delta.finish_reason
+            if self.on_choice_finished:
+                self.on_choice_finished(choice)
 
     async def chunks(self) -> AsyncIterator[EngineChunk]:
         """The engine's chunks, in order (the first was already read by start())."""
@@ -230,6 +238,10 @@ class Generation:
         prompt = len(self.req.prompt_token_ids)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": self.usage.cached_tokens if self.usage else 0}}
+
+
+def sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 def new_request_id(prefix: str) -> str:

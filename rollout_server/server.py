@@ -17,6 +17,8 @@ from rollout_server.generation import ServingContext
 from rollout_server.metrics import Metrics
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
+from rollout_server.tracing import TraceHook
+from trace_pipeline.capture import TraceCapture
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +44,37 @@ def model_context_window(model_dir: Path, settings: Settings) -> int:
     return min(settings.max_model_len, config.get("max_position_embeddings", settings.max_model_len))
 
 
+def tool_format_of(tokenizer: ModelTokenizer):
+    """The tool-call format the model's chat template renders, or None (the model cannot call tools)."""
+    from rollout_server.tool_calls import format_for_chat_template
+
+    template = tokenizer.hf.chat_template or ""
+    try:
+        fmt = format_for_chat_template(template)
+    except LookupError:
+        log.warning("the chat template renders no known tool-call format: requests with tools get a 400")
+        return None
+    log.info("tool calls: %s format (from the chat template)", fmt.name)
+    return fmt
+
+
 def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack) -> AppState:
+    tokenizer = ModelTokenizer(model_dir)
     ctx = ServingContext(
-        settings=settings, tokenizer=ModelTokenizer(model_dir),
+        settings=settings, tokenizer=tokenizer,
         client=DynamoFrontendClient(stack.frontend_url, settings.request_timeout_s),
         metrics=Metrics(), model_name=model_name, max_model_len=model_context_window(model_dir, settings),
-        policy_version=settings.policy_version,
+        policy_version=settings.policy_version, tool_format=tool_format_of(tokenizer),
     )
     auth = Authenticator(KeyStore(open_database(settings.resolved_database_url), settings.admin_key))
-    return AppState(ctx=ctx, auth=auth, stack=stack)
+    state = AppState(ctx=ctx, auth=auth, stack=stack)
+    if settings.traces.enabled:
+        capture = TraceCapture(settings.traces.model_copy(update={"dir": settings.resolved_trace_dir}))
+        capture.start()
+        state.traces = TraceHook(capture)
+        ctx.on_finish.append(state.traces)
+        log.info("trace capture on: %s", settings.resolved_trace_dir)
+    return state
 
 
 class FrontDoorServer(uvicorn.Server):

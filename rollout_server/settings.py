@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from trace_pipeline.config import TraceSettings
+
 
 def _home_cache() -> Path:
     return Path.home() / ".cache" / "rollout-serve"
@@ -54,6 +56,14 @@ class Settings(BaseSettings):
     request_timeout_s: float = Field(600.0, description="upper bound on one request through the stack")
     default_max_tokens: int | None = Field(None, description="max_tokens when a chat request sets none (None: fill the context, as vLLM)")
     policy_version: int = Field(0, description="policy (weight) version of the base model")
+
+    # Trace capture (nested: set with ROLLOUT_SERVE_TRACES__<FIELD>, e.g. ROLLOUT_SERVE_TRACES__ENABLED=false).
+    traces: TraceSettings = Field(default_factory=lambda: TraceSettings(dir=Path("traces")),
+                                  description="trace capture and store (relative dir: under state_dir)")
+
+    @property
+    def resolved_trace_dir(self) -> Path:
+        return self.traces.dir if self.traces.dir.is_absolute() else self.resolved_state_dir / self.traces.dir
 
     @property
     def resolved_state_dir(self) -> Path:

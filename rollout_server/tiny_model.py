@@ -79,19 +79,63 @@ CHAT_TEMPLATE = (
 )
 
 
+# The same conversation in the Qwen3-Coder / GLM style: calls are XML with one <parameter> per argument.
+XML_CHAT_TEMPLATE = (
+    "{% set nl = '\\n' %}"
+    "{% if tools %}"
+    "<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}"
+    "{{ nl }}\n# Tools\n\nYou have access to the following functions:\n\n<tools>"
+    "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}"
+    "{{ nl }}</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+    "</function>\n</tool_call><|im_end|>\n"
+    "{% elif messages[0]['role'] == 'system' %}"
+    "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' and loop.first %}"
+    "{% elif message['role'] == 'assistant' %}"
+    "<|im_start|>assistant"
+    "{% if message['content'] %}{{ nl }}{{ message['content'] }}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}"
+    "{% set fn = call['function'] if call['function'] is defined else call %}"
+    "{{ nl }}<tool_call>\n<function={{ fn['name'] }}>"
+    "{% for key, value in (fn['arguments'] or {}).items() %}"
+    "{{ nl }}<parameter={{ key }}>\n{% if value is string %}{{ value }}{% else %}{{ value | tojson }}{% endif %}{{ nl }}</parameter>"
+    "{% endfor %}"
+    "{{ nl }}</function>\n</tool_call>"
+    "{% endfor %}<|im_end|>\n"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ nl }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TEMPLATES = {"hermes": CHAT_TEMPLATE, "xml": XML_CHAT_TEMPLATE}
+
 def default_cache_dir() -> Path:
     from rollout_server.settings import Settings
 
     return Settings().cache_dir / "models"
 
 
-def tiny_model_dir(variant: int = 0, cache_dir: Path | None = None) -> Path:
-    return (cache_dir or default_cache_dir()) / f"tiny-qwen2-v{variant}"
+def tiny_model_dir(variant: int = 0, cache_dir: Path | None = None, tool_format: str = "hermes") -> Path:
+    suffix = "" if tool_format == "hermes" else f"-{tool_format}"
+    return (cache_dir or default_cache_dir()) / f"tiny-qwen2-v{variant}{suffix}"
 
 
-def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None) -> Path:
-    """Returns the tiny model's directory, building it first if it is missing."""
-    target = tiny_model_dir(variant, cache_dir)
+def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None, tool_format: str = "hermes") -> Path:
+    """Returns the tiny model's directory, building it first if it is missing.
+
+    tool_format picks the chat template's tool-call syntax: "hermes" (<tool_call>{json}</tool_call>)
+    or "xml" (<function=name><parameter=key>value</parameter>); the weights are the same.
+    """
+    target = tiny_model_dir(variant, cache_dir, tool_format)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -99,16 +143,18 @@ def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None) -> Path:
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / "config.json").exists():
-            build_tiny_model(target, variant)
+            build_tiny_model(target, variant, tool_format=tool_format)
     return target
 
 
-def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = TinyModelShape()) -> Path:
+def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = TinyModelShape(),
+                     tool_format: str = "hermes") -> Path:
     """Builds the model into a temp dir beside `target`, then renames it into place."""
     log.info("building tiny model variant %d into %s", variant, target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         tokenizer = _train_tokenizer(shape.bpe_vocab_size)
+        tokenizer.chat_template = TEMPLATES[tool_format]
         tokenizer.save_pretrained(staging)
         _write_weights(staging, shape, seed=BASE_SEED + variant, tokenizer=tokenizer)
         (staging / "rollout_serve.json").write_text(json.dumps({"variant": variant, "seed": BASE_SEED + variant}))
@@ -144,7 +190,6 @@ def _train_tokenizer(vocab_size: int):
         clean_up_tokenization_spaces=False,
     )
     tokenizer.add_tokens(TOOL_TOKENS)
-    tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
 
 

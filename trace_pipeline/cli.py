@@ -3,14 +3,13 @@
     rollout-serve traces export --format sft|rl|raw --out DIR --team T [filters]
     rollout-serve traces import-verifiers FILE --team T --model M [--policy-version N]
 
-The store is --store, else $ROLLOUT_TRACES_DIR, else TraceSettings().dir.
+The store is --store, else the front door's trace directory (rollout_server.settings).
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
 import logging
-import os
 import sys
 from pathlib import Path
 
@@ -31,7 +30,9 @@ def unix_time(text: str) -> float:
 
 
 def default_store() -> Path:
-    return Path(os.environ.get("ROLLOUT_TRACES_DIR") or TraceSettings().dir)
+    from rollout_server.settings import Settings
+
+    return Settings().resolved_trace_dir
 
 
 def add_traces_commands(subparsers: argparse._SubParsersAction) -> None:

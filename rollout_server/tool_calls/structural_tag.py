@@ -5,7 +5,7 @@ choice and parallel_tool_calls decide how the tags combine:
 
   none      no constraint at all
   auto      free text; writing the trigger (the call's opening text) commits to a call
-  required  at least one call, and the output starts with it
+  required  one or more calls (one per line) and nothing else
   named     exactly one call, of that function, and nothing else
   parallel_tool_calls=false adds stop_after_first: nothing may follow the first call.
 """
@@ -73,13 +73,26 @@ def combine_tags(
         return None
     if choice.mode == "named":
         return {"type": "structural_tag", "format": tags_by_name[choice.name]}
+    if choice.mode == "required":
+        # Not triggered_tags: that admits free text after the calls, which a weak model
+        # writes until max_tokens, so a complete call would end with "length".
+        return {
+            "type": "structural_tag",
+            "format": {
+                "type": "tags_with_separator",
+                "tags": list(tags_by_name.values()),
+                "separator": "\n",
+                "at_least_one": True,
+                "stop_after_first": not parallel,
+            },
+        }
     return {
         "type": "structural_tag",
         "format": {
             "type": "triggered_tags",
             "triggers": [trigger],
             "tags": list(tags_by_name.values()),
-            "at_least_one": choice.mode == "required",
+            "at_least_one": False,
             "stop_after_first": not parallel,
         },
     }

@@ -11,9 +11,10 @@
     </function>
     </tool_call>
 
-The template puts a newline after `<parameter=key>` and before `</parameter>`; exactly
-one of each is formatting and is removed, the rest of the value is kept byte for
-byte. String parameters are JSON-quoted into `arguments` (and streamed as they
+The template puts a newline after `<parameter=key>` and before `</parameter>`, and the
+grammar admits one whitespace character in each place; exactly one leading and one
+trailing whitespace character are formatting and are removed, the rest of the value is
+kept byte for byte. String parameters are JSON-quoted into `arguments` (and streamed as they
 arrive); other values are JSON already and are copied. A string value cannot
 contain `</parameter>` (the grammar forbids it).
 """
@@ -32,7 +33,8 @@ from rollout_server.tool_calls.stream import BodyProgress
 from rollout_server.tool_calls.structural_tag import json_schema_content, tag
 
 CALL_START = "<tool_call>"
-VALUE_END = "\n</parameter>"  # the newline is formatting when present
+VALUE_END = "</parameter>"
+FORMATTING = " \t\r\n"  # one of these on each side of a value is formatting, not content
 
 _FUNCTION_OPEN = regex.compile(r"\s*<function=(?P<name>[^>\s]+)>")
 _NEXT_PARAMETER_OR_END = regex.compile(r"\s*(?:<parameter=(?P<key>[^>]+)>|(?P<end></function>))")
@@ -113,14 +115,16 @@ class XmlCallBody:
         return True
 
     def _read_value(self, progress: BodyProgress) -> bool:
-        end = self.pending.find("</parameter>")
+        end = self.pending.find(VALUE_END)
         if end < 0:
             sure = len(self.pending) - unsure_tail_length(self.pending, VALUE_END)
+            if sure and self.pending[sure - 1] in FORMATTING:
+                sure -= 1  # may be the formatting character before </parameter>: wait and see
             progress.arguments += self.value.add(self.pending[:sure])
             self.pending = self.pending[sure:]
             return False
         raw = self.pending[:end]
-        progress.arguments += self.value.add(raw[:-1] if raw.endswith("\n") else raw)
+        progress.arguments += self.value.add(raw[:-1] if raw[-1:] in FORMATTING else raw)
         progress.arguments += self.value.closing()
         self._advance("between", end + len("</parameter>"))
         return True
@@ -154,7 +158,7 @@ class ParameterValue:
         """Takes raw value text; returns the JSON text that can be emitted now."""
         if text and not self.seen_first_character:
             self.seen_first_character = True
-            text = text[1:] if text.startswith("\n") else text
+            text = text[1:] if text[:1] in FORMATTING else text
         if self.is_string:
             return json.dumps(text, ensure_ascii=False)[1:-1]
         self.raw += text

@@ -95,7 +95,8 @@ def test_arguments_stream_before_the_call_ends(fmt):
     emitted = "".join(
         d["tool_calls"][0]["function"]["arguments"] for d in parser.feed(text[: text.index("replacement")]) if "tool_calls" in d
     )
-    assert emitted.endswith("a long ")
+    # A trailing whitespace character is held back: it may be the formatting before </parameter>.
+    assert emitted.endswith("a long " if fmt.name == "hermes" else "a long")
 
 
 def test_call_ids_are_random(fmt):

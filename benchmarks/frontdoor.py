@@ -1,0 +1,226 @@
+"""Front door overhead and KV-aware session routing, measured in one run.
+
+1. The same concurrent load sent directly to a plain vLLM OpenAI server (the baseline)
+   and through rollout-serve (front door -> Dynamo KV router -> one vLLM worker):
+   throughput (completion tokens/s) and p50/p90 request latency; also straight to
+   Dynamo's frontend, to show where the overhead sits.
+2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
+   affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
+   prompt cache hit rate of returning turns.
+
+Run: .venv/bin/python benchmarks/frontdoor.py   (about 8 minutes on 2 cores)
+Writes benchmarks/results/frontdoor.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
+from tests.stack_harness import CACHE_DIR, free_port_block, start_stack  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "frontdoor.json"
+MODEL = "tiny-qwen2"
+
+
+# ---- load ---------------------------------------------------------------------------------
+
+async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int, model: str) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first = None
+    tokens = 0
+    async with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and first is None:
+                first = time.perf_counter()
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return {"latency": time.perf_counter() - start, "ttft": (first or time.perf_counter()) - start, "tokens": tokens}
+
+
+async def run_load(url: str, model: str, requests: int, concurrency: int, prompt_len: int, max_tokens: int) -> dict:
+    rng = random.Random(0)
+    prompts = [[rng.randrange(10, 4000) for _ in range(prompt_len)] for _ in range(requests)]
+    queue = list(prompts)
+    results = []
+    async with httpx.AsyncClient(timeout=600) as http:
+        await one_request(http, url, prompts[0][:16], 4, model)  # warm-up
+
+        async def worker():
+            while queue:
+                results.append(await one_request(http, url, queue.pop(), max_tokens, model))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    latencies = sorted(r["latency"] for r in results)
+    return {"throughput_tok_s": sum(r["tokens"] for r in results) / wall,
+            "p50_s": latencies[len(latencies) // 2], "p90_s": latencies[int(len(latencies) * 0.9)]}
+
+
+# ---- the plain vLLM baseline -------------------------------------------------------------
+
+def start_plain_vllm(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1",
+           "VLLM_NO_USAGE_STATS": "1"}
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1", "--block-size", "32",
+            "--enforce-eager", "--kv-cache-memory-bytes", str(2**29), "--max-model-len", "32768"]
+    proc = subprocess.Popen(argv, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError("vLLM server did not start")
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+# ---- sessions -----------------------------------------------------------------------------
+
+async def session_turn(http: httpx.AsyncClient, url: str, messages: list[dict], session: str) -> dict:
+    body = {"model": MODEL, "messages": messages, "max_tokens": 8, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    first, usage, text = None, None, ""
+    async with http.stream("POST", f"{url}/v1/chat/completions", json=body,
+                           headers={"X-Session-ID": session}) as resp:
+        resp.raise_for_status()
+        worker = resp.headers.get("x-worker-id")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):
+                first = first or time.perf_counter()
+                text += chunk["choices"][0]["delta"].get("content") or ""
+            usage = chunk.get("usage") or usage
+    return {"ttft": first - start, "worker": worker, "prompt": usage["prompt_tokens"],
+            "cached": usage["prompt_tokens_details"]["cached_tokens"], "text": text}
+
+
+async def run_sessions(url: str, sessions: int, turns: int, first_words: int, words_per_turn: int) -> dict:
+    rng = random.Random(1)
+    vocabulary = "def class return import read write file path edit search shell test token cache worker".split()
+    words = lambda n: " ".join(rng.choice(vocabulary) for _ in range(n))  # noqa: E731
+    histories = [[{"role": "system", "content": f"session {s} " + words(first_words)}] for s in range(sessions)]
+    cold, returning = [], []
+    async with httpx.AsyncClient(timeout=600) as http:
+        for turn in range(turns):
+            for s, messages in enumerate(histories):  # sessions interleave, as agents do
+                messages.append({"role": "user", "content": words(words_per_turn)})
+                result = await session_turn(http, url, messages, f"bench-{s}")
+                messages.append({"role": "assistant", "content": result["text"]})
+                (cold if turn == 0 else returning).append(result)
+    return {
+        "cold_ttft_s": statistics.median(r["ttft"] for r in cold),
+        "returning_ttft_s": statistics.median(r["ttft"] for r in returning),
+        "returning_hit_rate": sum(r["cached"] for r in returning) / sum(r["prompt"] for r in returning),
+        "mean_prompt_tokens": statistics.mean(r["prompt"] for r in cold + returning),
+    }
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--sessions", type=int, default=3, help="odd, so round-robin alternates workers")
+    parser.add_argument("--turns", type=int, default=4)
+    args = parser.parse_args()
+    model_dir = ensure_tiny_model(0, CACHE_DIR / "models")
+    tmp = Path(tempfile.mkdtemp(prefix="frontdoor-bench-"))
+    load = dict(requests=args.requests, concurrency=args.concurrency, prompt_len=args.prompt_len, max_tokens=args.max_tokens)
+    figures: dict = {}
+
+    print("== 1. overhead: plain vLLM vs rollout-serve (1 worker), same load, alternating runs", flush=True)
+    port = free_port_block(1, start=41000)
+    vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log")
+    direct = [asyncio.run(run_load(f"http://127.0.0.1:{port}", MODEL, **load))]
+    stop_group(vllm)
+    stack = start_stack(tmp / "agg", workers=1)
+    front = [asyncio.run(run_load(stack.url, MODEL, **load))]
+    frontend_url = stack.url.rsplit(":", 1)[0] + ":" + str(int(stack.url.rsplit(":", 1)[1]) + 1)
+    dynamo = [asyncio.run(run_load(frontend_url, MODEL, **load))]
+    front.append(asyncio.run(run_load(stack.url, MODEL, **load)))
+    stack.stop()
+    vllm = start_plain_vllm(model_dir, port, tmp / "vllm2.log")
+    direct.append(asyncio.run(run_load(f"http://127.0.0.1:{port}", MODEL, **load)))
+    stop_group(vllm)
+    mean = lambda runs, key: statistics.mean(r[key] for r in runs)  # noqa: E731
+    for name, runs in (("direct vLLM", direct), ("Dynamo frontend", dynamo), ("front door", front)):
+        print(f"   {name:16s} {mean(runs, 'throughput_tok_s'):8.1f} tok/s   p50 {mean(runs, 'p50_s'):.3f}s   "
+              f"p90 {mean(runs, 'p90_s'):.3f}s", flush=True)
+    figures.update({
+        "direct_throughput_tok_s": mean(direct, "throughput_tok_s"),
+        "frontdoor_throughput_tok_s": mean(front, "throughput_tok_s"),
+        "dynamo_frontend_throughput_tok_s": mean(dynamo, "throughput_tok_s"),
+        "throughput_ratio": mean(front, "throughput_tok_s") / mean(direct, "throughput_tok_s"),
+        "frontdoor_over_dynamo_throughput_ratio": mean(front, "throughput_tok_s") / mean(dynamo, "throughput_tok_s"),
+        "direct_p50_s": mean(direct, "p50_s"), "direct_p90_s": mean(direct, "p90_s"),
+        "frontdoor_p50_s": mean(front, "p50_s"), "frontdoor_p90_s": mean(front, "p90_s"),
+        "p90_latency_ratio": mean(front, "p90_s") / mean(direct, "p90_s"),
+    })
+
+    print("== 2. long sessions over 2 workers: KV router + session affinity vs round-robin", flush=True)
+    sessions = dict(sessions=args.sessions, turns=args.turns, first_words=6000, words_per_turn=600)
+    for mode in ("kv", "round-robin"):
+        stack = start_stack(tmp / mode, workers=2, extra_args=["--router-mode", mode])
+        try:
+            result = asyncio.run(run_sessions(stack.url, **sessions))
+        finally:
+            stack.stop()
+        key = "sticky" if mode == "kv" else "round_robin"
+        print(f"   {mode:12s} cold TTFT {result['cold_ttft_s']:.3f}s   returning TTFT {result['returning_ttft_s']:.3f}s   "
+              f"returning hit rate {result['returning_hit_rate']:.1%}   (~{result['mean_prompt_tokens']:.0f} prompt tokens)",
+              flush=True)
+        figures.update({f"{key}_hit_rate": result["returning_hit_rate"], f"{key}_cold_ttft_s": result["cold_ttft_s"],
+                        f"{key}_returning_ttft_s": result["returning_ttft_s"]})
+    figures["returning_ttft_ratio"] = figures["sticky_returning_ttft_s"] / figures["sticky_cold_ttft_s"]
+    figures["round_robin_returning_ttft_ratio"] = figures["round_robin_returning_ttft_s"] / figures["round_robin_cold_ttft_s"]
+
+    print(f"throughput_ratio (front door / direct vLLM) = {figures['throughput_ratio']:.3f}   "
+          f"returning_ttft_ratio = {figures['returning_ttft_ratio']:.3f}   "
+          f"hit rate sticky {figures['sticky_hit_rate']:.1%} vs round-robin {figures['round_robin_hit_rate']:.1%}")
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in figures.items()}, indent=1))
+    print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

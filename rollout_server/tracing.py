@@ -1,0 +1,67 @@
+"""Every finished generation becomes trace records (one per choice), off the hot path.
+
+The hook hands records to the trace pipeline in a background task, so a response
+never waits for the trace's fsync; `close()` waits for the tasks still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from rollout_server.generation import ChoiceResult, FinishedGeneration
+from trace_pipeline.capture import TraceCapture
+from trace_pipeline.records import TraceRecord
+
+log = logging.getLogger(__name__)
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stop_token_ids", "max_tokens",
+                  "max_completion_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                  "logprobs", "top_logprobs", "tool_choice", "parallel_tool_calls", "response_format")
+
+
+def trace_records(g: FinishedGeneration) -> list[TraceRecord]:
+    body = g.request_body
+    sampling = {k: body[k] for k in _SAMPLING_KEYS if k in body}
+    sampling.update(body.get("sampling_params") or {})  # /inference/v1/generate
+    return [_record(g, body, sampling, choice) for choice in g.choices]
+
+
+def _record(g: FinishedGeneration, body: dict, sampling: dict, choice: ChoiceResult) -> TraceRecord:
+    prompt = body.get("prompt")
+    return TraceRecord(
+        request_id=g.request_id, session_id=g.session_id, team=g.team, model=g.model,
+        policy_version=g.policy_version, endpoint=g.endpoint, created_at=g.created_at,
+        request_messages=body.get("messages"), tools=body.get("tools"),
+        prompt_text=prompt if isinstance(prompt, str) else None,
+        output_message=choice.message, output_text=choice.text, sampling_params=sampling,
+        prompt_token_ids=g.prompt_token_ids, completion_token_ids=choice.token_ids,
+        completion_logprobs=[t.logprob for t in choice.tokens], finish_reason=choice.finish_reason,
+        queue_ms=None, ttft_ms=g.ttft_s * 1000 if g.ttft_s is not None else None,
+        inter_token_ms=[gap * 1000 for gap in g.inter_token_s], total_ms=g.total_s * 1000,
+        cached_tokens=g.cached_tokens, worker_ids=[g.worker_id] if g.worker_id else [],
+        choice_index=choice.index,
+    )
+
+
+class TraceHook:
+    def __init__(self, capture: TraceCapture):
+        self.capture = capture
+        self._pending: set[asyncio.Task] = set()
+
+    async def __call__(self, generation: FinishedGeneration) -> None:
+        task = asyncio.create_task(self._record_all(trace_records(generation)))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _record_all(self, records: list[TraceRecord]) -> None:
+        for record in records:
+            try:
+                await self.capture.record(record)
+            except Exception:
+                log.exception("trace record of request %s could not be written", record.request_id)
+
+    async def close(self) -> None:
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        await asyncio.to_thread(self.capture.close)
