@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     policy_version: int = Field(0, description="policy (weight) version of the base model")
 
     # Trace capture (nested: set with ROLLOUT_SERVE_TRACES__<FIELD>, e.g. ROLLOUT_SERVE_TRACES__ENABLED=false).
-    traces: TraceSettings = Field(default_factory=lambda: TraceSettings(dir=Path("traces")),
+    traces: TraceSettings = Field(default_factory=TraceSettings,
                                   description="trace capture and store (relative dir: under state_dir)")
 
     @property

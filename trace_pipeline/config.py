@@ -9,7 +9,7 @@ import pydantic
 
 class TraceSettings(pydantic.BaseModel):
     enabled: bool = True
-    dir: Path = Path("var/traces")
+    dir: Path = Path("traces")  # relative: under the front door's state directory
     # Records waiting between the serving side and the writer thread.
     queue_size: int = pydantic.Field(default=8192, ge=1)
     # What record() does when the queue is full: wait for room ("block"), or append

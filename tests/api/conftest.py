@@ -8,7 +8,9 @@ from tests.stack_harness import start_stack
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
-    running = start_stack(tmp_path_factory.mktemp("stack"), workers=2)
+    # Seal trace records every second so exports see them quickly.
+    running = start_stack(tmp_path_factory.mktemp("stack"), workers=2,
+                          extra_env={"ROLLOUT_SERVE_TRACES__FLUSH_EVERY_S": "1"})
     yield running
     running.stop()
 
