@@ -1,6 +1,10 @@
-"""Trace pipeline benchmark: writer throughput with the WAL on, and export speed.
+"""Trace pipeline benchmark: serving with capture on vs off, writer throughput with the WAL on, export speed.
 
     .venv/bin/python benchmarks/traces.py [--records 5000] [--out benchmarks/results/traces.json]
+
+Capture: the same concurrent load through two real stacks (front door + Dynamo + one
+vLLM worker), trace capture off and on, alternating (off, on, on, off): completion
+tokens per second, on / off.
 
 Writer: `--concurrency` asyncio producers call `await TraceCapture.record()` with the
 default settings (ack="durable": each call returns after its group commit's fsync,
@@ -8,8 +12,7 @@ redaction on, zstd Parquet). The clock runs from the first record to the end of
 close(), so the final seal is included. Records have 2048 tokens (1536 prompt +
 512 completion, with logprobs) and ~4 KB of chat text.
 Export: `export()` of everything written, per format, records read per second.
-Writes one flat JSON object. (The serving-side `measure_capture_ratio(base_url)`
-is to be added next to these functions.)
+Writes one flat JSON object.
 """
 from __future__ import annotations
 
@@ -22,7 +25,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import sys
+
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trace_pipeline.capture import TraceCapture
 from trace_pipeline.config import TraceSettings
@@ -92,12 +99,36 @@ def measure_export(store_dir: Path, out_root: Path, n_records: int) -> dict:
     return result
 
 
+def measure_capture_ratio(tmp: Path, requests: int = 48, concurrency: int = 8) -> dict:
+    """Serving throughput with trace capture on / off, on real stacks, runs alternated."""
+    from benchmarks.frontdoor import run_load
+    from tests.stack_harness import start_stack
+
+    def throughput(capture: bool, run: int) -> float:
+        env = {"ROLLOUT_SERVE_TRACES__ENABLED": str(capture).lower()}
+        stack = start_stack(tmp / f"capture-{capture}-{run}", workers=1, extra_env=env)
+        try:
+            load = asyncio.run(run_load(stack.url, "tiny-qwen2", requests=requests, concurrency=concurrency,
+                                        prompt_len=256, max_tokens=64))
+        finally:
+            stack.stop()
+        print(f"capture {'on ' if capture else 'off'}: {load['throughput_tok_s']:.1f} tok/s", flush=True)
+        return load["throughput_tok_s"]
+
+    off = [throughput(False, 0)]
+    on = [throughput(True, 0), throughput(True, 1)]
+    off.append(throughput(False, 1))
+    return {"capture_on_tok_s": sum(on) / 2, "capture_off_tok_s": sum(off) / 2,
+            "capture_throughput_ratio": sum(on) / sum(off)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--zstd-level", type=int, default=TraceSettings().zstd_level)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "traces.json")
+    parser.add_argument("--skip-serving", action="store_true", help="only the writer and export figures")
     args = parser.parse_args()
     records = make_records(args.records)
     with tempfile.TemporaryDirectory(prefix="traces-bench-") as tmp:
@@ -109,6 +140,8 @@ def main() -> None:
         result.update(measure_writer(tmp / "store", records, args.concurrency,
                                      {"zstd_level": args.zstd_level}))
         result.update(measure_export(tmp / "store", tmp / "export", args.records))
+        if not args.skip_serving:
+            result.update(measure_capture_ratio(tmp / "serving"))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -8,20 +8,26 @@ exact token ids, the serving worker and the policy version.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
 
 from rollout_server.auth import Authenticator, Principal
+from rollout_server.batch_api import batches_router
+from rollout_server.batch_runner import BatchRunner
 from rollout_server.chat import chat_completions
 from rollout_server.completions import completions, generate
-from rollout_server.errors import install_error_handlers
+from rollout_server.errors import APIError, install_error_handlers, validation_error
 from rollout_server.generation import ServingContext
 from rollout_server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from rollout_server.usage import UsageRecorder, usage_router
 
 log = logging.getLogger(__name__)
 
@@ -32,17 +38,46 @@ class AppState:
     auth: Authenticator
     stack: object | None = None   # engine.stack.Stack when this process started the stack
     traces: object | None = None  # rollout_server.tracing.TraceHook when trace capture is on
+    usage: UsageRecorder | None = None
+    batches: BatchRunner | None = None
     started_at: float = 0.0
+
+
+ENDPOINTS = {"/v1/chat/completions": (ChatCompletionRequest, chat_completions),
+             "/v1/completions": (CompletionRequest, completions)}
+
+
+def internal_execute(ctx: ServingContext):
+    """The Batch API's way in: one request line run through the same handlers as HTTP requests."""
+    async def execute(url: str, body: dict, team: str) -> tuple[int, dict]:
+        model, handler = ENDPOINTS[url]
+        try:
+            request = model.model_validate({**body, "stream": False})
+            response = await handler(ctx, request, None, Principal(team, None, is_admin=False))
+        except ValidationError as exc:
+            return 400, validation_error(RequestValidationError(exc.errors())).body()
+        except APIError as err:
+            return err.status, err.body()
+        return response.status_code, json.loads(response.body)
+    return execute
 
 
 def create_app(state: AppState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.started_at = time.time()
+        if state.usage is not None:
+            state.usage.start()
+        if state.batches is not None:
+            await state.batches.start()
         yield
+        if state.batches is not None:
+            await state.batches.stop()
         await state.ctx.client.close()
         if state.traces is not None:
             await state.traces.close()
+        if state.usage is not None:
+            await asyncio.to_thread(state.usage.close)
 
     app = FastAPI(title="rollout-serve", version="0.1.0", lifespan=lifespan)
     app.state.rollout = state
@@ -56,6 +91,11 @@ def create_app(state: AppState) -> FastAPI:
         from trace_pipeline.api import rewards_router
 
         app.include_router(rewards_router(state.traces.capture, lambda request: principal(request).team))
+    if state.usage is not None:
+        app.include_router(usage_router(state.usage.store, principal))
+    if state.batches is not None:
+        app.include_router(batches_router(state.batches.store, principal, runner=state.batches,
+                                          max_file_bytes=ctx.settings.batches.max_file_bytes))
 
     @app.get("/health")
     async def health():
@@ -84,21 +124,21 @@ def create_app(state: AppState) -> FastAPI:
     async def status(who: Principal = Depends(principal)):
         rows = await _worker_rows(state)
         return {"model": ctx.model_name, "policy_version": ctx.policy_version, "workers": rows or [],
-                "requests_in_flight": sum(g._value.get() for g in ctx.metrics.in_flight._metrics.values()),
+                "requests_in_flight": ctx.metrics.requests_in_flight(),
                 "cache_hit_rate": ctx.metrics.cache_hit_rate(), "uptime_s": time.time() - state.started_at,
                 "open_mode": state.auth.open_mode}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request, who: Principal = Depends(principal)):
-        return await chat_completions(ctx, body, request, who.team)
+        return await chat_completions(ctx, body, request.headers.get("x-session-id"), who)
 
     @app.post("/v1/completions")
     async def complete(body: CompletionRequest, request: Request, who: Principal = Depends(principal)):
-        return await completions(ctx, body, request, who.team)
+        return await completions(ctx, body, request.headers.get("x-session-id"), who)
 
     @app.post("/inference/v1/generate")
     async def tito(body: GenerateRequest, request: Request, who: Principal = Depends(principal)):
-        return await generate(ctx, body, request, who.team)
+        return await generate(ctx, body, request.headers.get("x-session-id"), who)
 
     return app
 

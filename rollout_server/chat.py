@@ -12,10 +12,10 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.frontend_client import ChoiceDelta, EngineRequest
+from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, sampling_dict, session_id_for, sse,
@@ -109,13 +109,13 @@ def _finish_choice(tool_plan: ToolPlan | None):
     return finish
 
 
-async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, request: Request, team: str):
+async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, session_header: str | None, who: Principal):
     if req.model != ctx.model_name:
         raise APIError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
-    session_id = session_id_for(request, req.user)
+    session_id = session_id_for(session_header, req.user)
     tool_plan = await plan_tools(ctx, req)
     engine_request = build_engine_request(ctx, req, session_id, tool_plan)
-    generation = Generation(ctx, engine_request, team=team, endpoint="chat.completions",
+    generation = Generation(ctx, engine_request, who=who, endpoint="chat.completions",
                             request_body=req.model_dump(exclude_none=True),
                             on_choice_finished=None if req.stream else _finish_choice(tool_plan))
     await generation.start()

@@ -205,9 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--api-key", help="API key (default: ROLLOUT_SERVE_API_KEY or OPENAI_API_KEY)")
         p.set_defaults(func=func)
 
+    from rollout_server.usage import add_usage_commands
     from trace_pipeline.cli import add_traces_commands
 
     add_traces_commands(sub)
+    add_usage_commands(sub)
 
     keys = sub.add_parser("keys", help="API keys (stored hashed)").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key for a team and print it once")

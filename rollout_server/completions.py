@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 
-from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from engine.frontend_client import EngineRequest
+from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, sampling_dict,
-    session_id_for, sse,
+    session_id_for, sse, start_all,
 )
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
 from rollout_server.protocol import CompletionRequest, GenerateRequest
@@ -32,7 +32,7 @@ def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
     return [ctx.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
 
 
-async def completions(ctx: ServingContext, req: CompletionRequest, request: Request, team: str):
+async def completions(ctx: ServingContext, req: CompletionRequest, session_header: str | None, who: Principal):
     _check_model(ctx, req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this model", param="suffix")
@@ -42,7 +42,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, request: Requ
     prompts = _prompts_as_ids(ctx, req.prompt)
     if req.stream and len(prompts) > 1:
         raise bad_request("streaming is supported for a single prompt only", param="prompt")
-    session_id = session_id_for(request, req.user)
+    session_id = session_id_for(session_header, req.user)
     request_id = new_request_id("cmpl")
     generations = []
     for i, ids in enumerate(prompts):
@@ -54,10 +54,9 @@ async def completions(ctx: ServingContext, req: CompletionRequest, request: Requ
             prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.logprobs or 0,
             guided=guided_for_response_format(req.response_format), session_id=session_id,
             prompt_param="prompt")
-        generations.append(Generation(ctx, engine_request, team=team, endpoint="completions",
+        generations.append(Generation(ctx, engine_request, who=who, endpoint="completions",
                                       request_body=req.model_dump(exclude_none=True)))
-    for g in generations:
-        await g.start()
+    await start_all(generations)
     first = generations[0]
     if req.stream:
         return StreamingResponse(_stream(ctx, req, first), media_type="text/event-stream",
@@ -115,7 +114,7 @@ async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Gener
     yield "data: [DONE]\n\n"
 
 
-async def generate(ctx: ServingContext, req: GenerateRequest, request: Request, team: str):
+async def generate(ctx: ServingContext, req: GenerateRequest, session_header: str | None, who: Principal):
     """vLLM's token-in/token-out route, in the shape verifiers' train mode reads."""
     _check_model(ctx, req.model)
     if req.stream:
@@ -125,8 +124,8 @@ async def generate(ctx: ServingContext, req: GenerateRequest, request: Request, 
     engine_request = EngineRequest(
         model=ctx.model_name, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
         max_tokens=max_tokens, sampling=sampling_dict(params), top_logprobs=params.logprobs or 0,
-        session_id=session_id_for(request, params.user), prompt_param="token_ids")
-    generation = Generation(ctx, engine_request, team=team, endpoint="generate", request_body=req.model_dump(exclude_none=True))
+        session_id=session_id_for(session_header, params.user), prompt_param="token_ids")
+    generation = Generation(ctx, engine_request, who=who, endpoint="generate", request_body=req.model_dump(exclude_none=True))
     await generation.start()
     choices = await generation.run_to_end()
     body = {

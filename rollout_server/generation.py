@@ -16,12 +16,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
-from fastapi import Request
-
 from engine.frontend_client import ChoiceDelta, DynamoFrontendClient, EngineChunk, EngineRequest, SampledToken
 from rollout_server.errors import bad_request
 from rollout_server.metrics import Metrics
+from rollout_server.auth import Principal
 from rollout_server.protocol import SamplingFields
+from rollout_server.quotas import RateLimiter
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tool_calls import GrammarCache, ToolCallFormat
@@ -67,6 +67,8 @@ class FinishedGeneration:
     inter_token_s: list[float]
     total_s: float
     request_body: dict
+    key_prefix: str | None = None
+    pool: str = "default"
 
 
 FinishHook = Callable[[FinishedGeneration], Awaitable[None]]
@@ -86,10 +88,12 @@ class ServingContext:
     on_finish: list[FinishHook] = field(default_factory=list)
     tool_format: ToolCallFormat | None = None     # from the chat template; None: the model cannot call tools
     grammars: GrammarCache = field(default_factory=GrammarCache)
+    limiter: RateLimiter | None = None            # per-key requests/min and tokens/min
 
 
-def session_id_for(request: Request, user: str | None) -> str:
-    return request.headers.get("x-session-id") or user or f"sess-{uuid.uuid4().hex}"
+def session_id_for(header: str | None, user: str | None) -> str:
+    """X-Session-ID, else the OpenAI `user`, else a new session."""
+    return header or user or f"sess-{uuid.uuid4().hex}"
 
 
 def sampling_dict(fields: SamplingFields) -> dict:
@@ -117,11 +121,11 @@ def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | N
 
 
 class Generation:
-    def __init__(self, ctx: ServingContext, engine_request: EngineRequest, *, team: str, endpoint: str,
+    def __init__(self, ctx: ServingContext, engine_request: EngineRequest, *, who: Principal, endpoint: str,
                  request_body: dict, on_choice_finished: Callable[[ChoiceResult], None] | None = None):
         self.ctx = ctx
         self.req = engine_request
-        self.team = team
+        self.who = who
         self.endpoint = endpoint
         self.request_body = request_body
         self.on_choice_finished = on_choice_finished
@@ -137,15 +141,31 @@ class Generation:
         self._peeked: EngineChunk | None = None
 
     async def start(self) -> None:
-        """Sends the request and waits for the engine's first chunk, so errors surface before any
-        response byte is sent and the serving worker is known for the response headers."""
+        """Admits the request (rate limits), sends it and waits for the engine's first chunk, so errors
+        surface before any response byte is sent and the serving worker is known for the headers."""
+        if self.ctx.limiter:
+            n = self.req.sampling.get("n", 1)
+            self.ctx.limiter.admit(self.who.key_prefix, self.req.request_id,
+                                   len(self.req.prompt_token_ids) + self.req.max_tokens * n)
         self.ctx.metrics.request_started(self.endpoint)
         self._chunks = self.ctx.client.stream(self.req)
         try:
             self._peeked = await self._next_chunk()
         except BaseException:
-            self.ctx.metrics.request_finished(self.endpoint, ok=False)
+            self._failed()
             raise
+
+    async def abort(self) -> None:
+        """Gives up a started generation (another part of the same request failed)."""
+        if self._chunks is not None:
+            await self._chunks.aclose()
+            self._chunks = None
+            self._failed()
+
+    def _failed(self) -> None:
+        self.ctx.metrics.request_finished(self.endpoint, ok=False)
+        if self.ctx.limiter:
+            self.ctx.limiter.release(self.req.request_id)
 
     async def _next_chunk(self) -> EngineChunk | None:
         try:
@@ -188,9 +208,11 @@ class Generation:
                 chunk = await self._next_chunk()
             ok = True
         finally:
-            self.ctx.metrics.request_finished(self.endpoint, ok=ok)
             if ok:
+                self.ctx.metrics.request_finished(self.endpoint, ok=True)
                 await self._finish()
+            else:
+                self._failed()
 
     async def run_to_end(self) -> list[ChoiceResult]:
         async for _ in self.chunks():
@@ -213,7 +235,7 @@ class Generation:
         choices = self.sorted_choices()
         completion = sum(len(c.tokens) for c in choices)
         return FinishedGeneration(
-            request_id=self.req.request_id, session_id=self.req.session_id or "", team=self.team,
+            request_id=self.req.request_id, session_id=self.req.session_id or "", team=self.who.team,
             model=self.req.model, endpoint=self.endpoint, policy_version=self.ctx.policy_version,
             prompt_token_ids=self.req.prompt_token_ids, choices=choices, worker_id=self.worker_id,
             prompt_tokens=len(self.req.prompt_token_ids),
@@ -222,7 +244,7 @@ class Generation:
             created_at=self.created_at,
             ttft_s=(self._first_token_at - self._start) if self._first_token_at else None,
             inter_token_s=self._inter_token, total_s=time.monotonic() - self._start,
-            request_body=self.request_body,
+            request_body=self.request_body, key_prefix=self.who.key_prefix,
         )
 
     def response_headers(self) -> dict[str, str]:
@@ -246,6 +268,17 @@ def sse(payload: dict) -> str:
 
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def start_all(generations: list[Generation]) -> None:
+    """Starts every generation of one request, or none: a failure aborts those already started."""
+    for i, generation in enumerate(generations):
+        try:
+            await generation.start()
+        except BaseException:
+            for started in generations[:i]:
+                await started.abort()
+            raise
 
 
 async def gather_generations(generations: list[Generation]) -> list[list[ChoiceResult]]:

@@ -66,6 +66,9 @@ class Metrics:
             self.worker_healthy.labels(worker).set(1.0 if row["healthy"] else 0.0)
             self.worker_inflight.labels(worker, row.get("instance_id") or "").set(row.get("inflight_requests", 0.0))
 
+    def requests_in_flight(self) -> float:
+        return sum(gauge._value.get() for gauge in self.in_flight._metrics.values())
+
     def cache_hit_rate(self) -> float:
         prompt = self.prompt_tokens._value.get()
         return self.cached_tokens._value.get() / prompt if prompt else 0.0

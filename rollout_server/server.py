@@ -11,13 +11,17 @@ from pathlib import Path
 import uvicorn
 
 from engine.frontend_client import DynamoFrontendClient
-from rollout_server.app import AppState
+from rollout_server.app import AppState, internal_execute
+from rollout_server.batch_runner import BatchRunner
+from rollout_server.batches import BatchStore, open_batch_database
 from rollout_server.auth import Authenticator, KeyStore, open_database
 from rollout_server.generation import ServingContext
 from rollout_server.metrics import Metrics
+from rollout_server.quotas import KeyLimitStore, RateLimiter
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tracing import TraceHook
+from rollout_server.usage import UsageRecorder, UsageStore
 from trace_pipeline.capture import TraceCapture
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,21 @@ def tool_format_of(tokenizer: ModelTokenizer):
     return fmt
 
 
+def batch_runner(settings: Settings, ctx: ServingContext) -> BatchRunner:
+    store = BatchStore(open_batch_database(settings.resolved_batch_database_url), settings.resolved_batch_dir,
+                       settings.batches.max_lines)
+    runner: BatchRunner | None = None
+
+    def interactive_requests_waiting() -> bool:
+        # Batches run on spare capacity: they yield while any request of their own is not all that runs.
+        return ctx.metrics.requests_in_flight() > (runner.in_flight if runner else 0)
+
+    runner = BatchRunner(store, internal_execute(ctx), max_in_flight=settings.batches.max_in_flight,
+                         should_yield=interactive_requests_waiting, poll_s=settings.batches.poll_s,
+                         yield_sleep_s=settings.batches.yield_sleep_s)
+    return runner
+
+
 def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack) -> AppState:
     tokenizer = ModelTokenizer(model_dir)
     ctx = ServingContext(
@@ -66,8 +85,16 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack)
         metrics=Metrics(), model_name=model_name, max_model_len=model_context_window(model_dir, settings),
         policy_version=settings.policy_version, tool_format=tool_format_of(tokenizer),
     )
-    auth = Authenticator(KeyStore(open_database(settings.resolved_database_url), settings.admin_key))
+    database = open_database(settings.resolved_database_url)
+    auth = Authenticator(KeyStore(database, settings.admin_key))
     state = AppState(ctx=ctx, auth=auth, stack=stack)
+    ctx.limiter = RateLimiter(KeyLimitStore(database, settings.quotas).limits_for)
+    ctx.on_finish.append(ctx.limiter.on_finish)
+    if settings.usage.enabled:
+        state.usage = UsageRecorder(UsageStore(database), settings.usage.flush_every_s)
+        ctx.on_finish.append(state.usage.on_finish)
+    if settings.batches.enabled:
+        state.batches = batch_runner(settings, ctx)
     if settings.traces.enabled:
         capture = TraceCapture(settings.traces.model_copy(update={"dir": settings.resolved_trace_dir}))
         capture.start()

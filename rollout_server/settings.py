@@ -12,6 +12,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rollout_server.batches import BatchSettings
+from rollout_server.quotas import QuotaSettings
+from rollout_server.usage import UsageSettings
 from trace_pipeline.config import TraceSettings
 
 
@@ -60,6 +63,19 @@ class Settings(BaseSettings):
     # Trace capture (nested: set with ROLLOUT_SERVE_TRACES__<FIELD>, e.g. ROLLOUT_SERVE_TRACES__ENABLED=false).
     traces: TraceSettings = Field(default_factory=TraceSettings,
                                   description="trace capture and store (relative dir: under state_dir)")
+
+    usage: UsageSettings = Field(default_factory=UsageSettings, description="usage accounting (ROLLOUT_SERVE_USAGE__*)")
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings,
+                                  description="default per-key rate limits (ROLLOUT_SERVE_QUOTAS__*)")
+    batches: BatchSettings = Field(default_factory=BatchSettings, description="Batch API (ROLLOUT_SERVE_BATCHES__*)")
+
+    @property
+    def resolved_batch_dir(self) -> Path:
+        return self.batches.dir if self.batches.dir.is_absolute() else self.resolved_state_dir / self.batches.dir
+
+    @property
+    def resolved_batch_database_url(self) -> str:
+        return self.batches.database_url or f"sqlite:///{self.resolved_batch_dir / 'batches.db'}"
 
     @property
     def resolved_trace_dir(self) -> Path:
