@@ -9,6 +9,7 @@ the engine enforces, and the output is parsed back into `tool_calls`.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 
@@ -42,7 +43,21 @@ class ToolPlan:
         return message, finish_reason_for(parsed, choice.finish_reason)
 
 
-def _messages(req: ChatCompletionRequest) -> list[dict]:
+def _arguments_as_objects(tool_calls: list[dict]) -> list[dict]:
+    calls = []
+    for call in tool_calls:
+        function = dict(call.get("function") or {})
+        if isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"] or "{}")
+            except ValueError:
+                raise bad_request("tool call arguments in the history must be JSON", param="messages") from None
+        calls.append({**call, "function": function})
+    return calls
+
+
+def _messages(ctx: ServingContext, req: ChatCompletionRequest) -> list[dict]:
+    objects = ctx.tool_format is not None and ctx.tool_format.template_wants_argument_objects
     messages = []
     for i, m in enumerate(req.messages):
         try:
@@ -51,7 +66,7 @@ def _messages(req: ChatCompletionRequest) -> list[dict]:
             raise bad_request(str(exc), param=f"messages.{i}.content") from exc
         message = {"role": "system" if m.role == "developer" else m.role, "content": text or ""}
         if m.tool_calls:
-            message["tool_calls"] = m.tool_calls
+            message["tool_calls"] = _arguments_as_objects(m.tool_calls) if objects else m.tool_calls
         if m.tool_call_id:
             message["tool_call_id"] = m.tool_call_id
         if m.name:
@@ -84,7 +99,7 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
 def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
                          tool_plan: ToolPlan | None) -> EngineRequest:
     try:
-        prompt_ids = ctx.tokenizer.render_chat(_messages(req), req.tools, req.add_generation_prompt,
+        prompt_ids = ctx.tokenizer.render_chat(_messages(ctx, req), req.tools, req.add_generation_prompt,
                                                req.continue_final_message)
     except APIError:
         raise

@@ -40,81 +40,76 @@ class TinyModelShape:
     max_position_embeddings: int = CONTEXT_WINDOW
 
 
-# HF renders chat templates with trim_blocks (a newline right after a block tag is dropped),
-# so every newline that follows a tag is written as {{ nl }}.
-CHAT_TEMPLATE = (
-    "{% set nl = '\\n' %}"
-    "{% if tools %}"
-    "<|im_start|>system\n"
-    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}"
-    "{{ nl }}\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-    "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}"
-    "{{ nl }}</tools>\n\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
-    "{% elif messages[0]['role'] == 'system' %}"
-    "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n"
-    "{% endif %}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' and loop.first %}"
-    "{% elif message['role'] == 'assistant' %}"
-    "<|im_start|>assistant"
-    "{% if message['content'] %}{{ nl }}{{ message['content'] }}{% endif %}"
-    "{% for call in message.get('tool_calls') or [] %}"
-    "{% set fn = call['function'] if call['function'] is defined else call %}"
-    "{{ nl }}<tool_call>\n{\"name\": \"{{ fn['name'] }}\", \"arguments\": "
-    "{% if fn['arguments'] is string %}{{ fn['arguments'] }}{% else %}{{ fn['arguments'] | tojson }}{% endif %}"
-    "}\n</tool_call>"
-    "{% endfor %}<|im_end|>\n"
-    "{% elif message['role'] == 'tool' %}"
-    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
-    "{{ nl }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
-    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
-    "{% else %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+def chat_template(tool_instructions: str, render_call: str) -> str:
+    """A ChatML template; the two tool-call formats differ only in how tools are introduced and calls written.
+
+    HF renders chat templates with trim_blocks (a newline right after a block tag is dropped),
+    so every newline that follows a tag is written as {{ nl }}.
+    """
+    return (
+        "{% set nl = '\\n' %}"
+        "{% if tools %}"
+        "<|im_start|>system\n"
+        "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}"
+        + tool_instructions +
+        "{% elif messages[0]['role'] == 'system' %}"
+        "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n"
+        "{% endif %}"
+        "{% for message in messages %}"
+        "{% if message['role'] == 'system' and loop.first %}"
+        "{% elif message['role'] == 'assistant' %}"
+        "<|im_start|>assistant"
+        "{% if message['content'] %}{{ nl }}{{ message['content'] }}{% endif %}"
+        "{% for call in message.get('tool_calls') or [] %}"
+        "{% set fn = call['function'] if call['function'] is defined else call %}"
+        + render_call +
+        "{% endfor %}<|im_end|>\n"
+        "{% elif message['role'] == 'tool' %}"
+        "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+        "{{ nl }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
+        "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+        "{% else %}"
+        "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+        "{% endif %}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
+# Qwen2.5 / Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+CHAT_TEMPLATE = chat_template(
+    tool_instructions=(
+        "{{ nl }}\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+        "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}"
+        "{{ nl }}</tools>\n\nFor each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    ),
+    render_call=(
+        "{{ nl }}<tool_call>\n{\"name\": \"{{ fn['name'] }}\", \"arguments\": "
+        "{% if fn['arguments'] is string %}{{ fn['arguments'] }}{% else %}{{ fn['arguments'] | tojson }}{% endif %}"
+        "}\n</tool_call>"
+    ),
 )
 
-
-# The same conversation in the Qwen3-Coder / GLM style: calls are XML with one <parameter> per argument.
-XML_CHAT_TEMPLATE = (
-    "{% set nl = '\\n' %}"
-    "{% if tools %}"
-    "<|im_start|>system\n"
-    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}"
-    "{{ nl }}\n# Tools\n\nYou have access to the following functions:\n\n<tools>"
-    "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}"
-    "{{ nl }}</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
-    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
-    "</function>\n</tool_call><|im_end|>\n"
-    "{% elif messages[0]['role'] == 'system' %}"
-    "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n"
-    "{% endif %}"
-    "{% for message in messages %}"
-    "{% if message['role'] == 'system' and loop.first %}"
-    "{% elif message['role'] == 'assistant' %}"
-    "<|im_start|>assistant"
-    "{% if message['content'] %}{{ nl }}{{ message['content'] }}{% endif %}"
-    "{% for call in message.get('tool_calls') or [] %}"
-    "{% set fn = call['function'] if call['function'] is defined else call %}"
-    "{{ nl }}<tool_call>\n<function={{ fn['name'] }}>"
-    "{% for key, value in (fn['arguments'] or {}).items() %}"
-    "{{ nl }}<parameter={{ key }}>\n{% if value is string %}{{ value }}{% else %}{{ value | tojson }}{% endif %}{{ nl }}</parameter>"
-    "{% endfor %}"
-    "{{ nl }}</function>\n</tool_call>"
-    "{% endfor %}<|im_end|>\n"
-    "{% elif message['role'] == 'tool' %}"
-    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
-    "{{ nl }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
-    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
-    "{% else %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+# Qwen3-Coder / GLM: <tool_call><function=name><parameter=key>value</parameter></function></tool_call>
+XML_CHAT_TEMPLATE = chat_template(
+    tool_instructions=(
+        "{{ nl }}\n# Tools\n\nYou have access to the following functions:\n\n<tools>"
+        "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}"
+        "{{ nl }}</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+        "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+        "</function>\n</tool_call><|im_end|>\n"
+    ),
+    render_call=(
+        "{{ nl }}<tool_call>\n<function={{ fn['name'] }}>"
+        "{% for key, value in (fn['arguments'] or {}).items() %}"
+        "{{ nl }}<parameter={{ key }}>\n{% if value is string %}{{ value }}{% else %}{{ value | tojson }}{% endif %}"
+        "{{ nl }}</parameter>"
+        "{% endfor %}"
+        "{{ nl }}</function>\n</tool_call>"
+    ),
 )
 TEMPLATES = {"hermes": CHAT_TEMPLATE, "xml": XML_CHAT_TEMPLATE}
 

@@ -32,6 +32,9 @@ class TaggedCallFormat:
 
     name: str
     call_marker: str
+    # Templates of this format iterate over a call's arguments, so the history's JSON-string
+    # arguments are handed to them as objects (Hermes templates print the string as is).
+    template_wants_argument_objects: bool = False
 
     def matches_chat_template(self, chat_template: str) -> bool:
         raise NotImplementedError

@@ -44,6 +44,7 @@ _CALL_END = regex.compile(r"\s*</tool_call>")
 class XmlParamsFormat(TaggedCallFormat):
     name = "xml_params"
     call_marker = CALL_START
+    template_wants_argument_objects = True
 
     def matches_chat_template(self, chat_template: str) -> bool:
         return "<function=" in chat_template and "<parameter=" in chat_template

@@ -154,3 +154,14 @@ def test_bad_tool_requests_name_the_field(tool_client):
     with pytest.raises(openai.BadRequestError) as err:
         tool_client.chat.completions.create(model="tiny-qwen2", messages=MESSAGES, tool_choice="required")
     assert err.value.body["param"] == "tool_choice"
+
+
+def test_calls_and_results_go_back_into_the_conversation(tool_client):
+    first = ask(tool_client, tool_choice="required", parallel_tool_calls=False, seed=6).choices[0].message
+    call = first.tool_calls[0]
+    history = MESSAGES + [{"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                          {"role": "tool", "tool_call_id": call.id, "content": '{"temp": 21}'}]
+    reply = tool_client.chat.completions.create(model="tiny-qwen2", messages=history, tools=TOOLS, max_tokens=8,
+                                                tool_choice="none", extra_body={"return_token_ids": True})
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage.prompt_tokens > 100
