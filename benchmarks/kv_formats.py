@@ -19,7 +19,7 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")  # NIXL/UCX host-memory loopback;
 import numpy as np
 import torch
 
-from kernels import attention, fp8, layouts, mla_codec, nvfp4, page_codec
+from kernels import attention, fp8, layouts, mla_codec, page_codec
 
 RESULTS = Path(__file__).parent / "results" / "kv_formats.json"
 GIB = 1 << 30
@@ -269,7 +269,7 @@ def main() -> None:
 
 def print_report(r: dict, config) -> None:
     head_dim = config.hidden_size // config.num_attention_heads
-    print(f"== bytes per token per layer, tokens per GiB of KV (all layers)")
+    print("== bytes per token per layer, tokens per GiB of KV (all layers)")
     print(f"   GQA tiny Qwen2 ({config.num_key_value_heads} KV heads x {head_dim}, {config.num_hidden_layers} layers)"
           f" | MLA ({PRODUCTION_LAYERS} layers, 512 latent + 64 RoPE)")
     for fmt in ("bf16", "fp8", "nvfp4"):

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
 from engine.frontend_client import ChoiceDelta, DynamoFrontendClient, EngineChunk, EngineRequest, SampledToken
+from rollout_server.auth import Principal
 from rollout_server.errors import bad_request
 from rollout_server.metrics import Metrics
-from rollout_server.auth import Principal
 from rollout_server.protocol import SamplingFields
 from rollout_server.quotas import RateLimiter
 from rollout_server.settings import Settings

@@ -13,7 +13,6 @@ import logging
 import sys
 from pathlib import Path
 
-from trace_pipeline.config import TraceSettings
 from trace_pipeline.export import FORMATS, export
 from trace_pipeline.verifiers_import import import_verifiers
 

@@ -4,7 +4,6 @@ import json
 import math
 
 import httpx
-import openai
 import pytest
 from transformers import AutoTokenizer
 
