@@ -33,7 +33,9 @@ prefills only its last partial KV block. vLLM 0.32 on CPU kills its engine when 
 seeded request is prefilled in chunks (`gpu_model_runner._bookkeeping_sync` calls
 `torch.Generator.set_offset`, which CPU generators refuse: "CPU Generator does not use
 offset"); chunking starts past 2,048 prompt tokens (vLLM's CPU default for
-max_num_batched_tokens). Both systems run vLLM workers, so both are warmed alike.
+max_num_batched_tokens). rollout-serve's workers avoid it by prefilling whole prompts
+(engine/stack.py); the plain vLLM baseline runs as its docs recommend, so both are
+warmed alike to keep the comparison fair.
 
 How each response is judged (`judge`):
 
@@ -49,7 +51,8 @@ How each response is judged (`judge`):
 - lost as content:  the response holds no tool call but non-empty `content`: the
                     client receives text where a call was mandatory. Counted whatever
                     the finish reason; `lost_with_markup` is the subset whose content
-                    contains `<tool_call>` (call text handed over as plain text).
+                    contains `<tool_call>` (call text handed over as plain text), and
+                    `lost_as_content_not_cut` the subset not ending with "length".
 - no call:          no tool call and no content.
 - length bounds only: schema failures that pass once minLength/maxLength are removed
                     (xgrammar 0.2.8 cannot enforce them on JSON strings, so our Hermes
@@ -62,7 +65,7 @@ How each response is judged (`judge`):
 Also: xgrammar compile time of our structural tag for 1/16/128 tools, cold (token masks
 included, compiler cache off) and on a GrammarCache hit (`measure_compile_times`).
 
-Run:    .venv/bin/python benchmarks/tool_calls.py          (about 10 minutes on 2 cores)
+Run:    .venv/bin/python benchmarks/tool_calls.py          (about 4 minutes on 2 busy cores)
 Writes: benchmarks/results/tool_calls.json (one flat object).
 """
 
@@ -263,6 +266,7 @@ def summarise(cases: list[Case], verdicts: list[Verdict]) -> dict[str, Any]:
         "valid_rate_complete": sum(v.valid for v in complete) / max(len(complete), 1),
         "lost_as_content": count("lost_as_content"),
         "lost_with_markup": count("lost_with_markup"),
+        "lost_as_content_not_cut": sum(v.lost_as_content for v in complete),
         "no_call": count("no_call"),
         "cut_by_length": count("cut"),
         "invalid_complete": len(complete) - sum(v.valid for v in complete),

@@ -106,7 +106,8 @@ def engine_error(status: int, body: dict, request: EngineRequest) -> APIError:
             f"{details.get('actual')} tokens ({len(request.prompt_token_ids)} in the prompt, "
             f"{request.max_tokens} for the completion).", param=request.prompt_param, code="context_length_exceeded")
     if status == 404:
-        return APIError(404, str(message), param="model", code="model_not_found")
+        # The front door checked the model; Dynamo forgets a model when its last worker goes away.
+        return unavailable(f"no worker is serving {request.model} right now ({message}); retry shortly")
     if 400 <= status < 500:
         return APIError(status, str(message), param=None)
     return unavailable(f"the engine could not serve the request: {message}")

