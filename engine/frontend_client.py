@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator
 
 import httpx
+import msgspec
 
 from rollout_server.errors import APIError, bad_request, unavailable
 
@@ -131,7 +132,7 @@ class DynamoFrontendClient:
             "model": req.model,
             "prompt": req.prompt_token_ids,
             "max_tokens": req.max_tokens,
-            "logprobs": max(1, req.top_logprobs),
+            "logprobs": req.top_logprobs,  # 0 still returns the sampled token id and its logprob
             "return_tokens_as_token_ids": True,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -177,7 +178,7 @@ async def _sse_chunks(resp: httpx.Response) -> AsyncIterator[EngineChunk]:
         data = line[5:].strip()
         if data == "[DONE]":
             return
-        payload = json.loads(data)
+        payload = msgspec.json.decode(data)  # the per-token hot path: msgspec is several times faster than json
         if event == "error" or "error" in payload or ("message" in payload and "choices" not in payload):
             raise unavailable(f"the engine failed mid-request: {payload.get('error') or payload.get('message') or payload}")
         yield _parse_chunk(payload)

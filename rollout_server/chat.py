@@ -206,7 +206,7 @@ async def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: G
             yield sse({**base, "choices": [], "usage": generation.usage_dict()})
     except APIError as err:
         yield sse(err.body())
-    yield "data: [DONE]\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 def _chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, stream: _ChoiceStream, delta: ChoiceDelta) -> list[dict]:

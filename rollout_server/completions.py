@@ -111,7 +111,7 @@ async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Gener
             yield sse({**base, "choices": [], "usage": generation.usage_dict()})
     except APIError as err:
         yield sse(err.body())
-    yield "data: [DONE]\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 async def generate(ctx: ServingContext, req: GenerateRequest, session_header: str | None, who: Principal):

@@ -9,12 +9,13 @@ request in the metrics and hands the finished record to the `on_finish` hooks.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
+
+import msgspec
 
 from engine.frontend_client import ChoiceDelta, DynamoFrontendClient, EngineChunk, EngineRequest, SampledToken
 from rollout_server.auth import Principal
@@ -262,8 +263,8 @@ class Generation:
                 "prompt_tokens_details": {"cached_tokens": self.usage.cached_tokens if self.usage else 0}}
 
 
-def sse(payload: dict) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+def sse(payload: dict) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
 def new_request_id(prefix: str) -> str:
