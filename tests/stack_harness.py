@@ -89,6 +89,7 @@ def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = 
     ] + (extra_args or [])
     log_path = tmp_dir / "rollout-serve.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    env.pop("TRITON_INTERPRET", None)  # the kernel tests' interpreter mode is not for the served engine
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
                                start_new_session=True)
     stack = RunningStack(f"http://127.0.0.1:{port}", process, tmp_dir / "state", log_path)

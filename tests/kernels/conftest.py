@@ -1,19 +1,15 @@
 """Kernel tests run on CPU under Triton's interpreter, or compiled on a CUDA GPU when there is one.
 
-TRITON_INTERPRET must be set before any @triton.jit function is created, i.e. before the test
-modules import kernels.*; conftest files load first, so it is set here. Tests marked `gpu` are
-skipped when CUDA is absent (and only then).
+TRITON_INTERPRET is set by tests/conftest.py, before anything imports Triton. Tests marked `gpu`
+are skipped when CUDA is absent (and only then).
 """
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 HERE = Path(__file__).parent
 
