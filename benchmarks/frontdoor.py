@@ -31,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
-from tests.stack_harness import CACHE_DIR, free_port_block, start_stack  # noqa: E402
+from tests.stack_harness import CACHE_DIR, free_port_block, start_stack, wait_until_answering  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "frontdoor.json"
 MODEL = "tiny-qwen2"
@@ -80,24 +80,20 @@ async def run_load(url: str, model: str, requests: int, concurrency: int, prompt
 
 # ---- the plain vLLM baseline -------------------------------------------------------------
 
-def start_plain_vllm(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
+def start_plain_vllm(model_dir: Path, port: int, log: Path, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """vLLM's own OpenAI server on the same model and CPU settings as a rollout-serve worker."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1",
            "VLLM_NO_USAGE_STATS": "1"}
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1", "--block-size", "32",
-            "--enforce-eager", "--kv-cache-memory-bytes", str(2**29), "--max-model-len", "32768"]
+            "--enforce-eager", "--kv-cache-memory-bytes", str(2**29), "--max-model-len", "32768", *extra_args]
     proc = subprocess.Popen(argv, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError("vLLM server did not start")
+    try:
+        wait_until_answering(f"http://127.0.0.1:{port}/v1/models", proc, log, timeout_s=400)
+    except RuntimeError:
+        stop_group(proc)
+        raise
+    return proc
 
 
 def stop_group(proc: subprocess.Popen) -> None:

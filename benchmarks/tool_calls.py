@@ -74,7 +74,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -88,7 +87,7 @@ import httpx
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.frontdoor import stop_group  # noqa: E402
+from benchmarks.frontdoor import start_plain_vllm, stop_group  # noqa: E402
 from benchmarks.tool_schemas import TOOL_SUITE, measure_compile_times, tools_for_request  # noqa: E402
 from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
 from rollout_server.tool_calls.structural_tag import without_string_length_bounds  # noqa: E402
@@ -290,25 +289,8 @@ def summarise(cases: list[Case], verdicts: list[Verdict]) -> dict[str, Any]:
 
 def start_plain_vllm_with_tool_parser(model_dir: Path, port: int, log: Path) -> subprocess.Popen:
     """frontdoor.py's plain vLLM server plus the flags vLLM's docs give for (strict) tool calling."""
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1",
-           "VLLM_NO_USAGE_STATS": "1"}
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1", "--block-size", "32",
-            "--enforce-eager", "--kv-cache-memory-bytes", str(2**29), "--max-model-len", "32768",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter"]
-    proc = subprocess.Popen(argv, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop_group(proc)
-    raise RuntimeError("vLLM server did not start")
+    return start_plain_vllm(model_dir, port, log, extra_args=(
+        "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--tool-strict-level", "parameter"))
 
 
 def run_suite(url: str, cases: list[Case], args: argparse.Namespace) -> tuple[list[Verdict], list, float]:

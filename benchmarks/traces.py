@@ -99,7 +99,7 @@ def measure_export(store_dir: Path, out_root: Path, n_records: int) -> dict:
     return result
 
 
-def measure_capture_ratio(tmp: Path, requests: int = 48, concurrency: int = 8) -> dict:
+def measure_capture_ratio(tmp: Path, requests: int = 96, concurrency: int = 8) -> dict:
     """Serving throughput with trace capture on / off, on real stacks, runs alternated."""
     from benchmarks.frontdoor import run_load
     from tests.stack_harness import start_stack

@@ -38,6 +38,7 @@ from sqlalchemy.engine import Engine
 
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
+from rollout_server.times import unix_time
 
 if TYPE_CHECKING:  # only for annotations: importing generation loads transformers (seconds)
     from rollout_server.generation import FinishedGeneration
@@ -276,17 +277,6 @@ class UsageRecorder:
 
 # ---- query parameters (shared by the API and the CLI) ---------------------------------------
 
-def parse_time(text: str) -> float:
-    """Unix seconds, or an ISO 8601 date/time (UTC when no zone is given)."""
-    try:
-        return float(text)
-    except ValueError:
-        moment = dt.datetime.fromisoformat(text)
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=dt.timezone.utc)
-        return moment.timestamp()
-
-
 def parse_group_by(values: list[str]) -> tuple[str, ...]:
     """["team,model", "day"] -> ("team", "model", "day"); unknown names raise ValueError."""
     names = [name.strip() for value in values for name in value.split(",") if name.strip()]
@@ -330,7 +320,7 @@ def _time_param(text: str | None, param: str) -> float | None:
     if text is None:
         return None
     try:
-        return parse_time(text)
+        return unix_time(text)
     except ValueError as exc:
         raise bad_request(f"'{param}' must be unix seconds or an ISO 8601 time: {exc}", param=param,
                           code="invalid_value") from exc
@@ -351,8 +341,8 @@ def add_usage_commands(subparsers: argparse._SubParsersAction) -> None:
     usage.add_argument("--team", help="only this team (default: every team)")
     usage.add_argument("--key", help="only this key prefix")
     usage.add_argument("--model", help="only this model")
-    usage.add_argument("--since", type=parse_time, help="from this time (unix s or ISO 8601, UTC by default)")
-    usage.add_argument("--until", type=parse_time, help="before this time (unix s or ISO 8601)")
+    usage.add_argument("--since", type=unix_time, help="from this time (unix s or ISO 8601, UTC by default)")
+    usage.add_argument("--until", type=unix_time, help="before this time (unix s or ISO 8601)")
     usage.add_argument("--group-by", default="team,model,day", help=f"comma-separated: {', '.join(GROUP_BY_FIELDS)}")
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
     usage.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the state directory)")

@@ -72,7 +72,7 @@ class RunningStack:
             return self.process.wait()
 
     def log_tail(self, n: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        return _tail(self.log_path, n)
 
 
 def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = None,
@@ -93,15 +93,28 @@ def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = 
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT,
                                start_new_session=True)
     stack = RunningStack(f"http://127.0.0.1:{port}", process, tmp_dir / "state", log_path)
+    try:
+        wait_until_answering(f"{stack.url}/health", process, log_path, timeout_s)
+    except RuntimeError:
+        stack.stop(signal.SIGKILL)
+        raise
+    return stack
+
+
+def wait_until_answering(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    """Polls `url` until it answers 200; fails early, with the log's tail, if the process exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"rollout-serve up exited with {process.returncode}:\n{stack.log_tail()}")
+            raise RuntimeError(f"{process.args[2:4]} exited with {process.returncode}:\n{_tail(log_path)}")
         try:
-            if httpx.get(f"{stack.url}/health", timeout=2).status_code == 200:
-                return stack
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
         time.sleep(1.0)
-    stack.stop(signal.SIGKILL)
-    raise RuntimeError(f"stack not healthy after {timeout_s:.0f}s:\n{stack.log_tail()}")
+    raise RuntimeError(f"{url} did not answer within {timeout_s:.0f}s:\n{_tail(log_path)}")
+
+
+def _tail(log_path: Path, lines: int = 40) -> str:
+    return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -8,24 +8,13 @@ The store is --store, else the front door's trace directory (rollout_server.sett
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import logging
 import sys
 from pathlib import Path
 
+from rollout_server.times import unix_time
 from trace_pipeline.export import FORMATS, export
 from trace_pipeline.verifiers_import import import_verifiers
-
-
-def unix_time(text: str) -> float:
-    """Unix seconds, or an ISO 8601 date/time (UTC when no zone is given)."""
-    try:
-        return float(text)
-    except ValueError:
-        moment = dt.datetime.fromisoformat(text)
-        if moment.tzinfo is None:
-            moment = moment.replace(tzinfo=dt.timezone.utc)
-        return moment.timestamp()
 
 
 def default_store() -> Path:
