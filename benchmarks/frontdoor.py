@@ -152,7 +152,8 @@ async def run_sessions(url: str, sessions: int, turns: int, first_words: int, wo
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=48)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved runs of each target")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -164,33 +165,37 @@ def main() -> None:
     load = dict(requests=args.requests, concurrency=args.concurrency, prompt_len=args.prompt_len, max_tokens=args.max_tokens)
     figures: dict = {}
 
-    print("== 1. overhead: plain vLLM vs rollout-serve (1 worker), same load, alternating runs", flush=True)
+    print(f"== 1. overhead: plain vLLM vs Dynamo vs rollout-serve (1 worker), same load, {args.rounds} interleaved "
+          "rounds (medians)", flush=True)
     port = free_port_block(1, start=41000)
     vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log")
-    direct = [asyncio.run(run_load(f"http://127.0.0.1:{port}", MODEL, **load))]
-    stop_group(vllm)
     stack = start_stack(tmp / "agg", workers=1)
-    front = [asyncio.run(run_load(stack.url, MODEL, **load))]
     frontend_url = stack.url.rsplit(":", 1)[0] + ":" + str(int(stack.url.rsplit(":", 1)[1]) + 1)
-    dynamo = [asyncio.run(run_load(frontend_url, MODEL, **load))]
-    front.append(asyncio.run(run_load(stack.url, MODEL, **load)))
-    stack.stop()
-    vllm = start_plain_vllm(model_dir, port, tmp / "vllm2.log")
-    direct.append(asyncio.run(run_load(f"http://127.0.0.1:{port}", MODEL, **load)))
-    stop_group(vllm)
-    mean = lambda runs, key: statistics.mean(r[key] for r in runs)  # noqa: E731
+    targets = {"direct": f"http://127.0.0.1:{port}", "dynamo": frontend_url, "front": stack.url}
+    runs: dict[str, list[dict]] = {name: [] for name in targets}
+    try:
+        for round_ in range(args.rounds):  # both servers stay up; the order rotates to cancel drift
+            order = list(targets)[round_ % 3:] + list(targets)[:round_ % 3]
+            for name in order:
+                runs[name].append(asyncio.run(run_load(targets[name], MODEL, **load)))
+    finally:
+        stack.stop()
+        stop_group(vllm)
+    direct, dynamo, front = runs["direct"], runs["dynamo"], runs["front"]
+    median = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
     for name, runs in (("direct vLLM", direct), ("Dynamo frontend", dynamo), ("front door", front)):
-        print(f"   {name:16s} {mean(runs, 'throughput_tok_s'):8.1f} tok/s   p50 {mean(runs, 'p50_s'):.3f}s   "
-              f"p90 {mean(runs, 'p90_s'):.3f}s", flush=True)
+        each = " ".join(f"{r['throughput_tok_s']:.0f}" for r in runs)
+        print(f"   {name:16s} {median(runs, 'throughput_tok_s'):8.1f} tok/s   p50 {median(runs, 'p50_s'):.3f}s   "
+              f"p90 {median(runs, 'p90_s'):.3f}s   (runs: {each})", flush=True)
     figures.update({
-        "direct_throughput_tok_s": mean(direct, "throughput_tok_s"),
-        "frontdoor_throughput_tok_s": mean(front, "throughput_tok_s"),
-        "dynamo_frontend_throughput_tok_s": mean(dynamo, "throughput_tok_s"),
-        "throughput_ratio": mean(front, "throughput_tok_s") / mean(direct, "throughput_tok_s"),
-        "frontdoor_over_dynamo_throughput_ratio": mean(front, "throughput_tok_s") / mean(dynamo, "throughput_tok_s"),
-        "direct_p50_s": mean(direct, "p50_s"), "direct_p90_s": mean(direct, "p90_s"),
-        "frontdoor_p50_s": mean(front, "p50_s"), "frontdoor_p90_s": mean(front, "p90_s"),
-        "p90_latency_ratio": mean(front, "p90_s") / mean(direct, "p90_s"),
+        "direct_throughput_tok_s": median(direct, "throughput_tok_s"),
+        "frontdoor_throughput_tok_s": median(front, "throughput_tok_s"),
+        "dynamo_frontend_throughput_tok_s": median(dynamo, "throughput_tok_s"),
+        "throughput_ratio": median(front, "throughput_tok_s") / median(direct, "throughput_tok_s"),
+        "frontdoor_over_dynamo_throughput_ratio": median(front, "throughput_tok_s") / median(dynamo, "throughput_tok_s"),
+        "direct_p50_s": median(direct, "p50_s"), "direct_p90_s": median(direct, "p90_s"),
+        "frontdoor_p50_s": median(front, "p50_s"), "frontdoor_p90_s": median(front, "p90_s"),
+        "p90_latency_ratio": median(front, "p90_s") / median(direct, "p90_s"),
     })
 
     print("== 2. long sessions over 2 workers: KV router + session affinity vs round-robin", flush=True)
