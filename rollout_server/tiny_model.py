@@ -11,17 +11,19 @@ variant, so every variant is a drop-in checkpoint for the same base model
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 BASE_SEED = 1234
+RECIPE_VERSION = 2  # bump when the corpus, the tokenizer training or the weight initialisation changes
 BPE_VOCAB_SIZE = 4096
 CONTEXT_WINDOW = 32768
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -131,15 +133,29 @@ def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None, tool_form
     or "xml" (<function=name><parameter=key>value</parameter>); the weights are the same.
     """
     target = tiny_model_dir(variant, cache_dir, tool_format)
-    if (target / "config.json").exists():
+    if _is_current(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Several processes (test workers, benchmark, server) may ask at once: one builds.
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (target / "config.json").exists():
+        if not _is_current(target):
             build_tiny_model(target, variant, tool_format=tool_format)
     return target
+
+
+def _recipe(tool_format: str) -> str:
+    """A fingerprint of how the model is built: a cached model from an older recipe is rebuilt."""
+    recipe = json.dumps([RECIPE_VERSION, BPE_VOCAB_SIZE, asdict(TinyModelShape()), TEMPLATES[tool_format]])
+    return hashlib.sha256(recipe.encode()).hexdigest()[:16]
+
+
+def _is_current(target: Path) -> bool:
+    try:
+        built = json.loads((target / "rollout_serve.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (target / "config.json").exists() and built.get("recipe") == _recipe(built.get("tool_format", "hermes"))
 
 
 def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = TinyModelShape(),
@@ -152,7 +168,8 @@ def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = Tin
         tokenizer.chat_template = TEMPLATES[tool_format]
         tokenizer.save_pretrained(staging)
         _write_weights(staging, shape, seed=BASE_SEED + variant, tokenizer=tokenizer)
-        (staging / "rollout_serve.json").write_text(json.dumps({"variant": variant, "seed": BASE_SEED + variant}))
+        (staging / "rollout_serve.json").write_text(json.dumps({
+            "variant": variant, "seed": BASE_SEED + variant, "tool_format": tool_format, "recipe": _recipe(tool_format)}))
         if target.exists():
             shutil.rmtree(target)
         staging.chmod(0o755)
