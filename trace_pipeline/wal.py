@@ -64,18 +64,6 @@ class WalSegment:
             self._fd = -1
 
 
-def is_locked_by_live_writer(path: Path) -> bool:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)   # closing drops our probe lock
 
 
 def read_frames(path: Path) -> Iterator[bytes]:
