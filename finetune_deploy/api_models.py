@@ -46,9 +46,12 @@ class DeploymentRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     path: str = Field(min_length=1)
-    pool: str = Field(pattern=NAME_PATTERN)
+    pool: str | None = Field(None, pattern=NAME_PATTERN)  # None: the stack's pool
     as_: Literal["full", "lora"] | None = Field(None, alias="as")  # None: detected from the files
     name: str | None = Field(None, pattern=NAME_PATTERN)
+    mode: Literal["rolling", "all_at_once"] | None = None  # full weights; None: the server's default
+    in_flight: Literal["finish", "abort"] | None = None  # requests on a worker about to reload; None: the default
+    wait: bool = False  # answer when the deploy is done, instead of at once (202) with its progress
 
     @field_validator("path")
     @classmethod
@@ -59,6 +62,15 @@ class DeploymentRequest(BaseModel):
         kind = self.as_ or ("lora" if (Path(self.path) / "adapter_config.json").exists() else "full")
         return WeightUpdate(kind=kind, op="load", path=Path(self.path), name=self.name or Path(self.path).name,
                             pool=self.pool)
+
+
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pool: str | None = Field(None, pattern=NAME_PATTERN)
+    to_version: NonNegativeInt | None = None  # None: the version that served before the current one
+    message: str = ""
+    wait: bool = False
 
 
 class PrimeUpdateWeightsRequest(BaseModel):

@@ -6,13 +6,15 @@ A rollback re-activates an older version, so the served version number goes
 back to that older number (RL rollouts are then tagged with the policy that
 really produced them); the next checkpoint still gets max + 1.
 
-One version serves a pool at a time (a LoRA version is the pool's policy too:
-the base weights plus that adapter). Status moves
+A pool serves one full-weights version (its policy, `current`) and, beside it,
+at most one version of each named LoRA adapter (`serving_adapters`: the base
+weights plus that adapter, under the adapter's own model id). Status moves
 registered -> deploying -> serving | failed; a serving version becomes retired
-when another one finishes deploying; a retired or failed one may deploy again.
+when another one of its track (full weights, or the same adapter name) finishes
+deploying, or an adapter is unloaded; a retired or failed one may deploy again.
 Every change is an event with a message, and the events decide `previous`:
-the activation history is a stack; a finished deploy pushes its version, a
-rollback pops the version it leaves.
+the activation history of the full-weights track is a stack; a finished deploy
+pushes its version, a rollback pops the version it leaves.
 """
 
 from __future__ import annotations
@@ -171,6 +173,9 @@ class CheckpointRegistry:
         if target is None:
             raise RegistryError(f"pool {pool!r} has no earlier version to roll back to")
         served_before = any(event.event == "deploy_finished" for event in self.events(pool, target.version))
+        if target.kind != "full":
+            raise RegistryError(f"version {target.version} of pool {pool!r} is a LoRA adapter; roll back the pool's "
+                                "weights to a full version, or deploy an older adapter version again")
         if target.status != "retired" or not served_before:
             raise RegistryError(f"version {target.version} of pool {pool!r} is {target.status}; only a version "
                                 "that served before and was retired can be rolled back to")
@@ -181,11 +186,30 @@ class CheckpointRegistry:
         return self.get(pool, target.version)
 
     def current(self, pool: str) -> PolicyVersion | None:
-        """The version serving the pool, None for an unknown pool."""
+        """The full-weights version serving the pool, None for an unknown pool."""
+        serving = [v for v in self._serving(pool) if v.kind == "full"]
+        return serving[0] if serving else None
+
+    def serving_adapters(self, pool: str) -> list[PolicyVersion]:
+        """The LoRA versions loaded beside the pool's weights, one per adapter name."""
+        return [v for v in self._serving(pool) if v.kind == "lora"]
+
+    def unload_adapter(self, pool: str, name: str, message: str = "") -> PolicyVersion:
+        """Retires the serving version of adapter `name` (its workers unloaded it)."""
+        adapter = next((v for v in self.serving_adapters(pool) if v.name == name), None)
+        if adapter is None:
+            raise RegistryError(f"pool {pool!r} serves no adapter named {name!r}")
+        with self.engine.begin() as conn:
+            _set_status(conn, pool, adapter.version, "retired", time.time())
+            _add_event(conn, pool, adapter.version, "retired", message or "adapter unloaded")
+        return self.get(pool, adapter.version)
+
+    def _serving(self, pool: str) -> list[PolicyVersion]:
         with self.engine.connect() as conn:
-            row = conn.execute(select(policy_versions).where(policy_versions.c.pool == pool,
-                                                             policy_versions.c.status == "serving")).first()
-        return _version(row) if row is not None else None
+            rows = conn.execute(select(policy_versions).where(policy_versions.c.pool == pool,
+                                                              policy_versions.c.status == "serving")
+                                .order_by(policy_versions.c.version))
+            return [_version(row) for row in rows]
 
     def previous(self, pool: str) -> PolicyVersion | None:
         """The version that served before the current one and was not rolled back from: the rollback target."""
@@ -195,8 +219,11 @@ class CheckpointRegistry:
         return self.get(pool, earlier[-1]) if earlier else None
 
     def _activation_history(self, pool: str) -> list[int]:
+        full = {v.version for v in self.list(pool) if v.kind == "full"}
         stack: list[int] = []
         for event in self.events(pool):
+            if event.version not in full:
+                continue
             if event.event == "deploy_finished" and (not stack or stack[-1] != event.version):
                 stack.append(event.version)
             elif event.event == "rolled_back" and event.version in stack:
@@ -261,17 +288,21 @@ def _transition(conn: Connection, pool: str, version: int, status: str, message:
     if status == "deploying":
         _refuse_second_deploy(conn, pool)
     if status == "serving":
-        _retire_serving(conn, pool, replaced_by=version, now=now)
+        _retire_serving(conn, found, now=now)
     _set_status(conn, pool, version, status, now)
     _add_event(conn, pool, version, EVENT_OF_STATUS[status], message)
 
 
-def _retire_serving(conn: Connection, pool: str, replaced_by: int, now: float) -> None:
-    serving = conn.execute(select(policy_versions.c.version)
-                           .where(policy_versions.c.pool == pool, policy_versions.c.status == "serving")).scalars()
+def _retire_serving(conn: Connection, replacement: PolicyVersion, now: float) -> None:
+    """Retires what `replacement` replaces: the serving full weights, or the serving version of the same adapter."""
+    same_track = [policy_versions.c.pool == replacement.pool, policy_versions.c.status == "serving",
+                  policy_versions.c.kind == replacement.kind]
+    if replacement.kind == "lora":
+        same_track.append(policy_versions.c.name == replacement.name)
+    serving = conn.execute(select(policy_versions.c.version).where(*same_track)).scalars()
     for version in list(serving):
-        _set_status(conn, pool, version, "retired", now)
-        _add_event(conn, pool, version, "retired", f"replaced by version {replaced_by}")
+        _set_status(conn, replacement.pool, version, "retired", now)
+        _add_event(conn, replacement.pool, version, "retired", f"replaced by version {replacement.version}")
 
 
 def _set_status(conn: Connection, pool: str, version: int, status: str, now: float) -> None:

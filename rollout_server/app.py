@@ -40,6 +40,7 @@ class AppState:
     traces: object | None = None  # rollout_server.tracing.TraceHook when trace capture is on
     usage: UsageRecorder | None = None
     batches: BatchRunner | None = None
+    deployer: object | None = None  # finetune_deploy.executor.Deployer when the stack's workers can be deployed to
     started_at: float = 0.0
 
 
@@ -70,6 +71,8 @@ def create_app(state: AppState) -> FastAPI:
             state.usage.start()
         if state.batches is not None:
             await state.batches.start()
+        if state.deployer is not None:
+            await state.deployer.restore()
         yield
         if state.batches is not None:
             await state.batches.stop()
@@ -93,6 +96,10 @@ def create_app(state: AppState) -> FastAPI:
         app.include_router(rewards_router(state.traces.capture, lambda request: principal(request).team))
     if state.usage is not None:
         app.include_router(usage_router(state.usage.store, principal))
+    if state.deployer is not None:
+        from finetune_deploy.api import deploy_router
+
+        app.include_router(deploy_router(state.deployer, principal))
     if state.batches is not None:
         app.include_router(batches_router(state.batches.store, principal, runner=state.batches,
                                           max_file_bytes=ctx.settings.batches.max_file_bytes))
@@ -115,15 +122,18 @@ def create_app(state: AppState) -> FastAPI:
     @app.get("/v1/models")
     async def models(who: Principal = Depends(principal)):
         return {"object": "list", "data": [{
-            "id": ctx.model_name, "object": "model", "created": int(state.started_at), "owned_by": "rollout-serve",
-            "root": str(ctx.settings.model or ctx.model_name), "parent": None,
-            "max_model_len": ctx.max_model_len, "policy_version": ctx.policy_version,
-        }]}
+            "id": m.id, "object": "model", "created": int(m.created), "owned_by": "rollout-serve",
+            "root": m.path or m.id, "parent": m.parent,
+            "max_model_len": ctx.max_model_len, "policy_version": m.policy_version,
+        } for m in ctx.models.listing()]}
 
     @app.get("/v1/status")
     async def status(who: Principal = Depends(principal)):
         rows = await _worker_rows(state)
-        return {"model": ctx.model_name, "policy_version": ctx.policy_version, "workers": rows or [],
+        for row in rows or []:
+            row["policy_version"] = ctx.models.version_of_worker(row.get("instance_id"))
+        return {"model": ctx.model_name, "policy_version": ctx.models.base.policy_version, "workers": rows or [],
+                "adapters": {name: m.policy_version for name, m in ctx.models.adapters.items()},
                 "requests_in_flight": ctx.metrics.requests_in_flight(),
                 "cache_hit_rate": ctx.metrics.cache_hit_rate(), "uptime_s": time.time() - state.started_at,
                 "open_mode": state.auth.open_mode}

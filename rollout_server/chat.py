@@ -108,7 +108,7 @@ def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, sessio
     max_tokens = check_prompt(ctx, prompt_ids, req.max_new_tokens, "messages")
     guided = tool_plan.guided if tool_plan else guided_for_response_format(req.response_format)
     return EngineRequest(
-        model=ctx.model_name, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
+        model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
         max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.top_logprobs or 0,
         guided=guided, session_id=session_id, prompt_param="messages",
     )
@@ -125,8 +125,7 @@ def _finish_choice(tool_plan: ToolPlan | None):
 
 
 async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, session_header: str | None, who: Principal):
-    if req.model != ctx.model_name:
-        raise APIError(404, f"The model `{req.model}` does not exist.", param="model", code="model_not_found")
+    ctx.models.resolve(req.model)
     session_id = session_id_for(session_header, req.user)
     tool_plan = await plan_tools(ctx, req)
     engine_request = build_engine_request(ctx, req, session_id, tool_plan)
@@ -140,8 +139,8 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
     choices = await generation.run_to_end()
     body = {
         "id": engine_request.request_id, "object": "chat.completion", "created": int(generation.created_at),
-        "model": ctx.model_name, "choices": [_choice_json(ctx, req, c) for c in choices],
-        "usage": generation.usage_dict(), "policy_version": ctx.policy_version,
+        "model": req.model, "choices": [_choice_json(ctx, req, c) for c in choices],
+        "usage": generation.usage_dict(), "policy_version": generation.policy_version,
         "session_id": session_id, "worker_id": generation.worker_id,
     }
     if req.return_token_ids:
@@ -191,7 +190,7 @@ class _ChoiceStream:
 
 async def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generation, tool_plan: ToolPlan | None):
     base = {"id": generation.req.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": ctx.model_name, "policy_version": ctx.policy_version}
+            "model": req.model, "policy_version": generation.policy_version}
     streams: dict[int, _ChoiceStream] = {}
     try:
         async for chunk in generation.chunks():

@@ -62,6 +62,7 @@ def _interrupt(signum, frame):
 def cmd_up(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from engine.disaggregation import describe_workers
     from engine.stack import Stack, StackStartError
     from rollout_server.app import create_app
     from rollout_server.server import FrontDoorServer, build_app_state, resolve_model
@@ -73,8 +74,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     try:
         stack.start()
         app = create_app(build_app_state(settings, model_dir, model_name, stack))
-        log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %d worker(s))", settings.host, settings.port,
-                 model_name, settings.workers)
+        log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %s)", settings.host, settings.port,
+                 model_name, describe_workers(settings))
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
         FrontDoorServer(config).run()
         log.info("front door stopped")
@@ -139,10 +140,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     print(f"model {status['model']}  policy version {status['policy_version']}  "
           f"in flight {status['requests_in_flight']:.0f}  cache hit rate {status['cache_hit_rate']:.1%}")
-    print(f"{'worker':>6}  {'pid':>8}  {'healthy':>7}  {'in flight':>9}  instance id")
+    print(f"{'worker':>6}  {'role':>10}  {'pid':>8}  {'healthy':>7}  {'in flight':>9}  {'version':>7}  instance id")
     for w in status["workers"]:
-        print(f"{w['worker']:>6}  {w['pid'] or '-':>8}  {str(w['healthy']):>7}  {w['inflight_requests']:>9.0f}  "
-              f"{w['instance_id'] or '-'}")
+        print(f"{w['worker']:>6}  {w.get('role', '-'):>10}  {w['pid'] or '-':>8}  {str(w['healthy']):>7}  "
+              f"{w['inflight_requests']:>9.0f}  "
+              f"{w.get('policy_version', '-'):>7}  {w['instance_id'] or '-'}")
+    for name, version in status.get("adapters", {}).items():
+        print(f"adapter {name}: policy version {version}")
     return 0
 
 
@@ -205,11 +209,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--api-key", help="API key (default: ROLLOUT_SERVE_API_KEY or OPENAI_API_KEY)")
         p.set_defaults(func=func)
 
+    from finetune_deploy.cli import add_deploy_commands
     from rollout_server.usage import add_usage_commands
     from trace_pipeline.cli import add_traces_commands
 
     add_traces_commands(sub)
     add_usage_commands(sub)
+    add_deploy_commands(sub)
 
     keys = sub.add_parser("keys", help="API keys (stored hashed)").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="create a key for a team and print it once")

@@ -18,11 +18,6 @@ from rollout_server.protocol import CompletionRequest, GenerateRequest
 from rollout_server.structured import guided_for_response_format
 
 
-def _check_model(ctx: ServingContext, model: str) -> None:
-    if model != ctx.model_name:
-        raise APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
-
-
 def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
     """A completions prompt in any of its four shapes -> one list of token ids per prompt."""
     if isinstance(prompt, str):
@@ -33,7 +28,7 @@ def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
 
 
 async def completions(ctx: ServingContext, req: CompletionRequest, session_header: str | None, who: Principal):
-    _check_model(ctx, req.model)
+    ctx.models.resolve(req.model)
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this model", param="suffix")
     if req.echo and req.logprobs is not None:
@@ -50,7 +45,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
             raise bad_request("prompt must not be empty", param="prompt")
         max_tokens = check_prompt(ctx, ids, req.max_tokens, "prompt")
         engine_request = EngineRequest(
-            model=ctx.model_name, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
+            model=req.model, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
             prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.logprobs or 0,
             guided=guided_for_response_format(req.response_format), session_id=session_id,
             prompt_param="prompt")
@@ -72,8 +67,8 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
         for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
             usage[key] += u[key]
         usage["prompt_tokens_details"]["cached_tokens"] += u["prompt_tokens_details"]["cached_tokens"]
-    body = {"id": request_id, "object": "text_completion", "created": int(first.created_at), "model": ctx.model_name,
-            "choices": choices, "usage": usage, "policy_version": ctx.policy_version,
+    body = {"id": request_id, "object": "text_completion", "created": int(first.created_at), "model": req.model,
+            "choices": choices, "usage": usage, "policy_version": first.policy_version,
             "session_id": session_id, "worker_id": first.worker_id}
     return JSONResponse(body, headers=first.response_headers())
 
@@ -91,7 +86,7 @@ def _choice_json(ctx: ServingContext, req: CompletionRequest, g: Generation, c: 
 
 async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation):
     base = {"id": generation.req.request_id, "object": "text_completion", "created": int(time.time()),
-            "model": ctx.model_name, "policy_version": ctx.policy_version}
+            "model": req.model, "policy_version": generation.policy_version}
     echoed: set[int] = set()
     try:
         async for chunk in generation.chunks():
@@ -116,25 +111,25 @@ async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Gener
 
 async def generate(ctx: ServingContext, req: GenerateRequest, session_header: str | None, who: Principal):
     """vLLM's token-in/token-out route, in the shape verifiers' train mode reads."""
-    _check_model(ctx, req.model)
+    ctx.models.resolve(req.model)
     if req.stream:
         raise bad_request("streaming is not supported on /inference/v1/generate", param="stream")
     params = req.sampling_params
     max_tokens = check_prompt(ctx, req.token_ids, params.max_tokens, "token_ids")
     engine_request = EngineRequest(
-        model=ctx.model_name, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
+        model=req.model, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
         max_tokens=max_tokens, sampling=sampling_dict(params), top_logprobs=params.logprobs or 0,
         session_id=session_id_for(session_header, params.user), prompt_param="token_ids")
     generation = Generation(ctx, engine_request, who=who, endpoint="generate", request_body=req.model_dump(exclude_none=True))
     await generation.start()
     choices = await generation.run_to_end()
     body = {
-        "request_id": engine_request.request_id, "model": ctx.model_name, "policy_version": ctx.policy_version,
+        "request_id": engine_request.request_id, "model": req.model, "policy_version": generation.policy_version,
         "prompt_token_ids": engine_request.prompt_token_ids,
         "choices": [{
             "index": c.index, "token_ids": c.token_ids, "text": c.text, "finish_reason": c.finish_reason,
             "logprobs": generate_logprobs(c.tokens, params.logprobs or 0),
-            "weight_versions": [{"version": ctx.policy_version, "start": 0, "end": len(c.tokens)}],
+            "weight_versions": [{"version": generation.policy_version, "start": 0, "end": len(c.tokens)}],
         } for c in choices],
         "usage": generation.usage_dict(), "worker_id": generation.worker_id,
     }

@@ -19,10 +19,11 @@ import msgspec
 
 from engine.frontend_client import ChoiceDelta, DynamoFrontendClient, EngineChunk, EngineRequest, SampledToken
 from rollout_server.auth import Principal
-from rollout_server.errors import bad_request
+from rollout_server.errors import bad_request, unavailable
 from rollout_server.metrics import Metrics
 from rollout_server.protocol import SamplingFields
 from rollout_server.quotas import RateLimiter
+from rollout_server.served_models import ModelTable, ServedModel
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tool_calls import GrammarCache, ToolCallFormat
@@ -83,13 +84,16 @@ class ServingContext:
     tokenizer: ModelTokenizer
     client: DynamoFrontendClient
     metrics: Metrics
-    model_name: str
+    models: ModelTable                            # the base model, LoRA adapters, each worker's policy version
     max_model_len: int
-    policy_version: int = 0
     on_finish: list[FinishHook] = field(default_factory=list)
     tool_format: ToolCallFormat | None = None     # from the chat template; None: the model cannot call tools
     grammars: GrammarCache = field(default_factory=GrammarCache)
     limiter: RateLimiter | None = None            # per-key requests/min and tokens/min
+
+    @property
+    def model_name(self) -> str:
+        return self.models.base.id
 
 
 def session_id_for(header: str | None, user: str | None) -> str:
@@ -131,7 +135,9 @@ class Generation:
         self.request_body = request_body
         self.on_choice_finished = on_choice_finished
         self.choices: dict[int, ChoiceResult] = {}
+        self.served: ServedModel = ctx.models.resolve(engine_request.model)
         self.worker_id: str | None = None
+        self.policy_version = self.served.policy_version  # until the serving worker is known
         self.usage = None
         self.created_at = time.time()
         self._start = time.monotonic()
@@ -174,10 +180,16 @@ class Generation:
         except StopAsyncIteration:
             return None
         self._observe(chunk)
+        if any(d.finish_reason for d in chunk.deltas) and self.ctx.models.aborted_since(self.worker_id, self._start):
+            raise unavailable("the request was aborted: its worker paused to load new weights; retry it")
         return chunk
 
     def _observe(self, chunk: EngineChunk) -> None:
-        self.worker_id = chunk.worker_id or self.worker_id
+        if chunk.worker_id and chunk.worker_id != self.worker_id:
+            self.worker_id = chunk.worker_id
+            # Stamped when the worker is known, before its first token: deploys pause a worker and let its
+            # requests finish before they load new weights, so a request runs on one version throughout.
+            self.policy_version = self.ctx.models.version_served_by(self.served, self.worker_id)
         if chunk.usage:
             self.usage = chunk.usage
         if any(d.tokens for d in chunk.deltas):
@@ -237,7 +249,7 @@ class Generation:
         completion = sum(len(c.tokens) for c in choices)
         return FinishedGeneration(
             request_id=self.req.request_id, session_id=self.req.session_id or "", team=self.who.team,
-            model=self.req.model, endpoint=self.endpoint, policy_version=self.ctx.policy_version,
+            model=self.req.model, endpoint=self.endpoint, policy_version=self.policy_version,
             prompt_token_ids=self.req.prompt_token_ids, choices=choices, worker_id=self.worker_id,
             prompt_tokens=len(self.req.prompt_token_ids),
             completion_tokens=self.usage.completion_tokens if self.usage else completion,
@@ -249,7 +261,7 @@ class Generation:
         )
 
     def response_headers(self) -> dict[str, str]:
-        headers = {"x-request-id": self.req.request_id, "x-policy-version": str(self.ctx.policy_version),
+        headers = {"x-request-id": self.req.request_id, "x-policy-version": str(self.policy_version),
                    "x-session-id": self.req.session_id or ""}
         if self.worker_id:
             headers["x-worker-id"] = self.worker_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -11,6 +12,9 @@ from pathlib import Path
 import uvicorn
 
 from engine.frontend_client import DynamoFrontendClient
+from engine.worker_control import WorkerHandle
+from finetune_deploy.executor import Deployer
+from finetune_deploy.registry import BASE_VERSION, CheckpointRegistry, RegistryError
 from rollout_server.app import AppState, internal_execute
 from rollout_server.batch_runner import BatchRunner
 from rollout_server.batches import BatchStore, open_batch_database
@@ -18,6 +22,7 @@ from rollout_server.auth import Authenticator, KeyStore, open_database
 from rollout_server.generation import ServingContext
 from rollout_server.metrics import Metrics
 from rollout_server.quotas import KeyLimitStore, RateLimiter
+from rollout_server.served_models import ModelTable
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tracing import TraceHook
@@ -77,17 +82,38 @@ def batch_runner(settings: Settings, ctx: ServingContext) -> BatchRunner:
     return runner
 
 
+def deployer_for(settings: Settings, database, model_dir: Path, model_name: str, stack) -> Deployer:
+    """The pool's registry (base model = version 0) and the deployer that moves the stack's workers."""
+    registry = CheckpointRegistry(database)
+    try:
+        registry.register_base(settings.deploy.pool, model_dir, model_name)
+    except RegistryError as exc:
+        raise SystemExit(f"{exc} (set ROLLOUT_SERVE_DEPLOY__POOL to serve it as another pool)") from None
+    # The workers start on the base weights; Deployer.restore() puts back what the registry says serves.
+    models = ModelTable(model_name, BASE_VERSION, str(model_dir))
+
+    async def list_workers() -> list[WorkerHandle]:
+        return await asyncio.to_thread(stack.worker_handles)
+
+    async def key_host_tier_by(worker: WorkerHandle, version: int) -> None:
+        await asyncio.to_thread(stack.set_kv_tier_policy_version, version, [worker.index])
+
+    reset_host_tier = key_host_tier_by if settings.kv_tier.enabled else None
+    return Deployer(registry, models, list_workers, settings.deploy, reset_host_tier)
+
+
 def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack) -> AppState:
     tokenizer = ModelTokenizer(model_dir)
+    database = open_database(settings.resolved_database_url)
+    deployer = deployer_for(settings, database, model_dir, model_name, stack)
     ctx = ServingContext(
         settings=settings, tokenizer=tokenizer,
         client=DynamoFrontendClient(stack.frontend_url, settings.request_timeout_s),
-        metrics=Metrics(), model_name=model_name, max_model_len=model_context_window(model_dir, settings),
-        policy_version=settings.policy_version, tool_format=tool_format_of(tokenizer),
+        metrics=Metrics(), models=deployer.models, max_model_len=model_context_window(model_dir, settings),
+        tool_format=tool_format_of(tokenizer),
     )
-    database = open_database(settings.resolved_database_url)
     auth = Authenticator(KeyStore(database, settings.admin_key))
-    state = AppState(ctx=ctx, auth=auth, stack=stack)
+    state = AppState(ctx=ctx, auth=auth, stack=stack, deployer=deployer)
     ctx.limiter = RateLimiter(KeyLimitStore(database, settings.quotas).limits_for)
     ctx.on_finish.append(ctx.limiter.on_finish)
     if settings.usage.enabled:

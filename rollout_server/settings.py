@@ -9,13 +9,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.kv_tier.settings import KvTierSettings
+from finetune_deploy.executor import DeploySettings
 from rollout_server.batches import BatchSettings
 from rollout_server.quotas import QuotaSettings
 from rollout_server.usage import UsageSettings
 from trace_pipeline.config import TraceSettings
+
+# Defaults measured by benchmarks/agentic.py (docs/benchmarks.md, "Agentic sessions").
+DISAGG_LOCAL_MAX_UNCACHED_TOKENS = 512
+DISAGG_LOCAL_MIN_CACHED_FRACTION = 0.5
+PREFILL_BUDGET_TOKENS = 2048
 
 
 def _home_cache() -> Path:
@@ -33,7 +40,7 @@ class Settings(BaseSettings):
     model: Path | None = Field(None, description="local Hugging Face model directory (default: the tiny model)")
     served_model_name: str | None = Field(None, description="model id clients use (default: the directory name)")
     max_model_len: int = Field(32768, description="context window served, in tokens")
-    dtype: str = Field("auto", description="vLLM dtype (auto: the checkpoint's; the tiny model is float32, fastest on AVX2)")
+    dtype: str = Field("auto", description="vLLM dtype (auto: vLLM picks; on CPU it runs float32 checkpoints in bfloat16)")
 
     # The Dynamo stack.
     workers: int = Field(1, ge=1, description="number of aggregated vLLM workers (Dynamo dynamo.vllm processes)")
@@ -49,6 +56,28 @@ class Settings(BaseSettings):
     cpu_threads_per_worker: int = Field(1, ge=1, description="OpenMP threads per vLLM CPU worker")
     startup_timeout_s: float = Field(420.0, description="how long `up` waits for every worker to become healthy")
 
+    # Prefill/decode disaggregation (engine/disaggregation.py): both counts > 0 replace `workers`.
+    prefill_workers: int = Field(0, ge=0, description="prefill-only vLLM workers; with decode_workers, serve "
+                                                      "disaggregated (KV moves over NIXL); 0: aggregated workers")
+    decode_workers: int = Field(0, ge=0, description="decode-only vLLM workers (with prefill_workers)")
+    nixl_side_channel_base_port: int = Field(19080, description="NIXL handshake port of worker 0 in disaggregated "
+                                                                "serving; worker i uses base + i")
+    disagg_local_max_uncached_tokens: int = Field(
+        DISAGG_LOCAL_MAX_UNCACHED_TOKENS, ge=0,
+        description="conditional disaggregation: a request is prefilled on its decode worker when fewer prompt "
+                    "tokens than this are uncached there AND disagg_local_min_cached_fraction is met (0: always "
+                    "prefill remotely)")
+    disagg_local_min_cached_fraction: float = Field(
+        DISAGG_LOCAL_MIN_CACHED_FRACTION, ge=0.0, le=1.0,
+        description="conditional disaggregation: ... AND more than this fraction of the prompt is cached on the "
+                    "decode worker")
+    prefill_budget_tokens: int = Field(PREFILL_BUDGET_TOKENS, ge=256,
+                                       description="per-step prefill token budget of prefill workers (longer prompts "
+                                                   "are prefilled in chunks of this size)")
+    enable_lora: bool = Field(True, description="let workers load LoRA adapters at run time (rollout-serve deploy --as lora)")
+    max_lora_rank: int = Field(64, ge=1, description="largest LoRA rank a worker accepts")
+    max_loras: int = Field(4, ge=1, description="LoRA adapters a worker keeps loaded at once")
+
     # State.
     cache_dir: Path = Field(default_factory=_home_cache, description="models and compiled artefacts")
     state_dir: Path | None = Field(None, description="run-time state: logs, discovery files, database (default: cache_dir/state)")
@@ -58,7 +87,6 @@ class Settings(BaseSettings):
     # Requests.
     request_timeout_s: float = Field(600.0, description="upper bound on one request through the stack")
     default_max_tokens: int | None = Field(None, description="max_tokens when a chat request sets none (None: fill the context, as vLLM)")
-    policy_version: int = Field(0, description="policy (weight) version of the base model")
 
     # Trace capture (nested: set with ROLLOUT_SERVE_TRACES__<FIELD>, e.g. ROLLOUT_SERVE_TRACES__ENABLED=false).
     traces: TraceSettings = Field(default_factory=TraceSettings,
@@ -68,6 +96,18 @@ class Settings(BaseSettings):
     quotas: QuotaSettings = Field(default_factory=QuotaSettings,
                                   description="default per-key rate limits (ROLLOUT_SERVE_QUOTAS__*)")
     batches: BatchSettings = Field(default_factory=BatchSettings, description="Batch API (ROLLOUT_SERVE_BATCHES__*)")
+    kv_tier: KvTierSettings = Field(default_factory=KvTierSettings,
+                                    description="host-DRAM KV tier on Mooncake (ROLLOUT_SERVE_KV_TIER__*, docs/kv_tier.md)")
+    deploy: DeploySettings = Field(default_factory=DeploySettings,
+                                   description="checkpoint deploys and RL weight sync (ROLLOUT_SERVE_DEPLOY__*)")
+
+    @model_validator(mode="after")
+    def _disaggregation_needs_both_pools(self) -> Settings:
+        if (self.prefill_workers > 0) != (self.decode_workers > 0):
+            raise ValueError("prefill_workers and decode_workers go together: set both (disaggregated) or neither")
+        if self.prefill_workers and self.disagg_local_max_uncached_tokens and self.router_mode != "kv":
+            raise ValueError("conditional disaggregation (disagg_local_max_uncached_tokens > 0) needs router_mode kv")
+        return self
 
     @property
     def resolved_batch_dir(self) -> Path:

@@ -153,3 +153,25 @@ def test_the_registry_survives_a_restart(registry, database_url, checkpoints):
     assert [(v.version, v.status) for v in reopened.list()] == [(0, "retired"), (1, "serving")]
     assert [e.event for e in reopened.events(POOL)] == [
         "registered", "deploy_finished", "registered", "deploy_started", "retired", "deploy_finished"]
+
+
+def test_adapters_serve_beside_the_weights_one_version_per_name(registry, checkpoints, tmp_path, base_dir):
+    first = registry.register(POOL, write_lora_adapter(tmp_path / "a1", base_dir), name="coder").version
+    deploy(registry, first)
+    assert registry.current(POOL).version == 0  # an adapter does not replace the pool's weights
+    weights = registry.register(POOL, checkpoints[0]).version
+    deploy(registry, weights)
+    assert [a.version for a in registry.serving_adapters(POOL)] == [first]  # nor do new weights unload it
+    second = registry.register(POOL, write_lora_adapter(tmp_path / "a2", base_dir), name="coder").version
+    other = registry.register(POOL, write_lora_adapter(tmp_path / "a3", base_dir), name="writer").version
+    deploy(registry, second)
+    deploy(registry, other)
+    assert [a.version for a in registry.serving_adapters(POOL)] == [second, other]
+    assert registry.get(POOL, first).status == "retired"
+    assert registry.previous(POOL).version == 0  # the weights' history ignores adapters
+    with pytest.raises(RegistryError, match="LoRA adapter"):
+        registry.rollback(POOL, to_version=first)
+    assert registry.unload_adapter(POOL, "writer").status == "retired"
+    assert [a.name for a in registry.serving_adapters(POOL)] == ["coder"]
+    with pytest.raises(RegistryError, match="no adapter named"):
+        registry.unload_adapter(POOL, "writer")

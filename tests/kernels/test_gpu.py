@@ -7,26 +7,10 @@ import pytest
 import torch
 import triton.testing
 
-from kernels import attention, attention_triton, mla_codec, nvfp4, nvfp4_triton, page_codec
+from kernels import attention, attention_triton, mla_codec, nvfp4, nvfp4_triton
+from kernels.synthetic import paged_decode_batch
 
 pytestmark = pytest.mark.gpu
-
-
-def decode_case(batch, seq_len, q_heads=32, kv_heads=8, head_dim=128, page_size=64, seed=0):
-    """A decode batch with every sequence `seq_len` long, its blocks scattered over the cache."""
-    torch.manual_seed(seed)
-    blocks_per_seq = math.ceil(seq_len / page_size)
-    num_blocks = batch * blocks_per_seq
-    k = torch.randn(num_blocks, page_size, kv_heads, head_dim, device="cuda")
-    v = torch.randn(num_blocks, page_size, kv_heads, head_dim, device="cuda")
-    scales = page_codec.PageScales.calibrate(k, v)
-    pages = torch.stack(
-        (page_codec.encode_heads(k, scales.k_global_scale), page_codec.encode_heads(v, scales.v_global_scale)), dim=1
-    )
-    block_table = torch.randperm(num_blocks, device="cuda").view(batch, blocks_per_seq).int()
-    seq_lens = torch.full((batch,), seq_len, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, q_heads, head_dim, device="cuda", dtype=torch.bfloat16)
-    return q, pages, block_table, seq_lens, scales
 
 
 def test_quantize_kernel_is_bit_identical_to_reference_on_gpu():
@@ -41,7 +25,7 @@ def test_quantize_kernel_is_bit_identical_to_reference_on_gpu():
 
 @pytest.mark.parametrize("batch, seq_len", [(1, 5000), (35, 1000)])
 def test_bf16_paged_decode_matches_reference_on_gpu(batch, seq_len):
-    q, pages, block_table, seq_lens, scales = decode_case(batch, seq_len)
+    q, pages, block_table, seq_lens, scales = paged_decode_batch(batch, seq_len)
     seq_lens[0] = seq_len - 17  # a partial last page
     got = attention_triton.paged_decode_attention(q, pages, block_table, seq_lens, scales)
     expected = attention.paged_decode_attention_ref(q.float().cpu(), pages.cpu(), block_table.cpu(), seq_lens.cpu(), scales)
@@ -69,7 +53,7 @@ def test_bf16_sparse_mla_matches_reference_on_gpu():
 
 def test_fused_decode_beats_dequantize_then_attend():
     """The point of the fused kernel: reading 4.5-bit KV once beats writing and re-reading BF16."""
-    q, pages, block_table, seq_lens, scales = decode_case(batch=35, seq_len=8192)
+    q, pages, block_table, seq_lens, scales = paged_decode_batch(35, 8192)
     fused_ms = triton.testing.do_bench(lambda: attention_triton.paged_decode_attention(q, pages, block_table, seq_lens, scales))
     staged_ms = triton.testing.do_bench(lambda: attention_triton.staged_decode_attention(q, pages, block_table, seq_lens, scales))
     print(f"35 tokens x 8192 context: fused {fused_ms:.3f} ms, staged {staged_ms:.3f} ms")

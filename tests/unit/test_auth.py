@@ -11,6 +11,7 @@ from rollout_server.app import AppState, create_app
 from rollout_server.auth import Authenticator, KeyStore, open_database
 from rollout_server.generation import ServingContext
 from rollout_server.metrics import Metrics
+from rollout_server.served_models import ModelTable
 from rollout_server.settings import Settings
 from rollout_server.tiny_model import ensure_tiny_model
 from rollout_server.tokenizer import ModelTokenizer
@@ -26,7 +27,7 @@ def make_app(model_dir, database_url: str) -> TestClient:
     settings = Settings(database_url=database_url)
     nowhere = f"http://127.0.0.1:{free_port_block(1)}"  # no engine listens here: requests must fail cleanly
     ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=DynamoFrontendClient(nowhere, 10),
-                         metrics=Metrics(), model_name="tiny-qwen2", max_model_len=32768)
+                         metrics=Metrics(), models=ModelTable("tiny-qwen2", 0, str(model_dir)), max_model_len=32768)
     auth = Authenticator(KeyStore(open_database(database_url)))
     return TestClient(create_app(AppState(ctx=ctx, auth=auth)))
 

@@ -1,0 +1,391 @@
+"""Agentic sessions: disaggregated vs aggregated serving, and the host-DRAM KV tier, in one run.
+
+A multi-turn agent workload scaled to a 2-core machine: warm sessions share a long context and each
+turn's prompt grows by ~4% (the previous answer plus a tool result); while they decode, cold sessions
+arrive with a long uncached document. Everything goes through the rollout-serve front door, streamed.
+
+1. Aggregated (2 workers, cores 0 and 1) vs disaggregated (1 prefill worker on core 0, 1 decode
+   worker on core 1, KV over NIXL), same workload, same cores: p90 inter-token latency and TTFT.
+   Two more disaggregated runs justify the defaults: conditional disaggregation off (every prompt
+   prefilled remotely), and a second prefill token budget (prefill queue time and TTFT).
+2. Returning turns with and without the Mooncake host-DRAM tier (engine/kv_tier, `kv_tier.enabled`),
+   on one worker whose KV cache is too small to keep every session: prefix hit rate and TTFT.
+3. Tier capacity in tokens with NVFP4 vs bf16 blocks; transfer descriptors with and without BLHNC.
+
+Run: .venv/bin/python benchmarks/agentic.py   (about 25 minutes on 2 cores; --quick: shorter)
+Writes benchmarks/results/agentic.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.kv_tier.formats import KvShape, capacity_report
+from kernels import layouts
+from rollout_server.settings import Settings
+from rollout_server.tiny_model import ensure_tiny_model
+from tests.stack_harness import CACHE_DIR, free_port_block, start_stack
+
+RESULTS = Path(__file__).parent / "results" / "agentic.json"
+MODEL = "tiny-qwen2"
+BLOCK_SIZE = 32
+
+
+@dataclass(frozen=True)
+class Workload:
+    shared_tokens: int = 2048      # context every session shares (system prompt, tools, repository map)
+    task_tokens: int = 256         # each warm session's own task
+    growth: float = 0.04           # a turn adds ~4% to the prompt (answer + tool result)
+    out_tokens: int = 48           # tokens generated per turn
+    warm_sessions: int = 4
+    think_s: float = 0.3           # tool execution between turns
+    # A cold session's uncached document: sized so that its prefill takes seconds here, as a ~140k-token
+    # prompt does on a GPU (the tiny model prefills ~10k tokens/s on one core).
+    cold_tokens: int = 16384
+    cold_interval_s: float = 6.0   # one cold arrival every this many seconds
+    warmup_s: float = 15.0
+    duration_s: float = 90.0
+
+
+@dataclass
+class Turn:
+    kind: str                      # "warm-first", "warm-returning" or "cold"
+    start: float
+    ttft: float = 0.0
+    gaps: list[float] = field(default_factory=list)  # inter-token latencies of this turn
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    tokens: list[int] = field(default_factory=list)
+    error: str | None = None
+
+
+def token_ids(length: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(300, 4000) for _ in range(length)]
+
+
+# ---- load ------------------------------------------------------------------------------------
+
+async def stream_turn(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int, session: str,
+                      kind: str) -> Turn:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
+    turn = Turn(kind, time.perf_counter())
+    last = None
+    try:
+        async with http.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Session-ID": session}) as resp:
+            if resp.status_code != 200:
+                turn.error = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
+                return turn
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    turn.error = chunk["error"]["message"]
+                    return turn
+                now = time.perf_counter()
+                for choice in chunk.get("choices", []):
+                    if not choice.get("token_ids"):
+                        continue
+                    if last is None:
+                        turn.ttft = now - turn.start
+                    else:
+                        turn.gaps.append(now - last)
+                    last = now
+                    turn.tokens += choice["token_ids"]
+                if chunk.get("usage"):
+                    turn.prompt_tokens = chunk["usage"]["prompt_tokens"]
+                    turn.cached_tokens = (chunk["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    except httpx.HTTPError as exc:
+        turn.error = repr(exc)
+    return turn
+
+
+async def warm_session(http, url: str, w: Workload, index: int, shared: list[int], stop_at: float,
+                       turns: list[Turn]) -> None:
+    rng = random.Random(100 + index)
+    prompt = shared + token_ids(w.task_tokens, rng)
+    kind = "warm-first"
+    while time.perf_counter() < stop_at:
+        turn = await stream_turn(http, url, prompt, w.out_tokens, f"warm-{index}", kind)
+        turns.append(turn)
+        if turn.error:
+            await asyncio.sleep(1.0)
+            continue
+        added = max(int(len(prompt) * w.growth) - len(turn.tokens), 8)
+        prompt = prompt + turn.tokens + token_ids(added, rng)  # the answer, then the tool's result
+        kind = "warm-returning"
+        await asyncio.sleep(w.think_s)
+
+
+async def cold_arrivals(http, url: str, w: Workload, shared: list[int], stop_at: float, turns: list[Turn]) -> None:
+    rng = random.Random(7)
+    tasks, n = [], 0
+    while time.perf_counter() < stop_at:
+        await asyncio.sleep(w.cold_interval_s)
+        prompt = shared + token_ids(w.cold_tokens, rng)
+        n += 1
+        tasks.append(asyncio.create_task(stream_turn(http, url, prompt, w.out_tokens, f"cold-{n}", "cold")))
+    turns.extend(await asyncio.gather(*tasks))
+
+
+async def replay(url: str, w: Workload) -> list[Turn]:
+    """Warm sessions in closed loops plus cold arrivals; returns the turns that started after the warm-up."""
+    shared = token_ids(w.shared_tokens, random.Random(1))
+    turns: list[Turn] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as http:
+        # The shared context once, so that it is cached as it would be in a running deployment (and NIXL
+        # has done its first handshake).
+        await stream_turn(http, url, shared, 4, "prime", "prime")
+        start = time.perf_counter()
+        stop_at = start + w.warmup_s + w.duration_s
+        await asyncio.gather(*(warm_session(http, url, w, i, shared, stop_at, turns) for i in range(w.warm_sessions)),
+                             cold_arrivals(http, url, w, shared, stop_at, turns))
+    return [t for t in turns if t.start >= start + w.warmup_s]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summarize(turns: list[Turn]) -> dict:
+    ok = [t for t in turns if not t.error]
+    returning = [t for t in ok if t.kind == "warm-returning"]
+    cold = [t for t in ok if t.kind == "cold"]
+    gaps = [g for t in ok for g in t.gaps]
+    # ITL as aiperf / genai-perf define it: per request, (last token - first token) / (tokens - 1); then
+    # percentiles over requests. A prefill that stalls a decoding request shows up in that request's ITL.
+    itls = [statistics.mean(t.gaps) for t in ok if t.gaps]
+    return {
+        "turns": len(ok), "errors": len(turns) - len(ok), "cold_turns": len(cold),
+        "p50_itl_s": percentile(itls, 0.5), "p90_itl_s": percentile(itls, 0.9), "p99_itl_s": percentile(itls, 0.99),
+        "p50_token_gap_s": percentile(gaps, 0.5), "p90_token_gap_s": percentile(gaps, 0.9),
+        "max_token_gap_s": max(gaps, default=float("nan")),
+        "p50_ttft_s": percentile([t.ttft for t in ok], 0.5), "p90_ttft_s": percentile([t.ttft for t in ok], 0.9),
+        "returning_p50_ttft_s": percentile([t.ttft for t in returning], 0.5),
+        "cold_p50_ttft_s": percentile([t.ttft for t in cold], 0.5),
+        "returning_hit_rate": (sum(t.cached_tokens for t in returning) / max(1, sum(t.prompt_tokens for t in returning))),
+        "mean_prompt_tokens": statistics.mean(t.prompt_tokens for t in ok) if ok else float("nan"),
+        "output_tokens_per_s": sum(len(t.tokens) for t in ok) / max(1e-9, _span(ok)),
+    }
+
+
+def _span(turns: list[Turn]) -> float:
+    if not turns:
+        return 0.0
+    return max(t.start + t.ttft + sum(t.gaps) for t in turns) - min(t.start for t in turns)
+
+
+# ---- stacks ----------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r'^(vllm:[a-z_]+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)$')
+
+
+def worker_metric(system_port: int, name: str, **labels: str) -> float:
+    text = httpx.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match and match.group(1) == name and all(f'{k}="{v}"' in (match.group(2) or "") for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
+
+
+def run_stack(name: str, tmp: Path, w: Workload, workers: int, args: list[str], env: dict | None = None) -> dict:
+    """Starts a stack, replays the workload, reads the workers' vLLM counters, stops it."""
+    print(f"   [{name}] starting ({' '.join(args) or f'{workers} aggregated worker(s)'})", flush=True)
+    nixl = ["--nixl-side-channel-base-port", str(free_port_block(workers, start=31500))]
+    stack = start_stack(tmp / name, workers=workers, extra_args=args + nixl, timeout_s=900,
+                        extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false", **(env or {})})
+    first_system_port = int(stack.url.rsplit(":", 1)[1]) + 2  # start_stack's port layout
+    try:
+        summary = summarize(asyncio.run(replay(stack.url, w)))
+        ports = [first_system_port + i for i in range(workers)]
+        summary["queue_time_mean_s_worker0"] = (worker_metric(ports[0], "vllm:request_queue_time_seconds_sum")
+                                                / max(1.0, worker_metric(ports[0], "vllm:request_queue_time_seconds_count")))
+        for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
+            summary[f"prompt_tokens_{source}_last_worker"] = worker_metric(
+                ports[-1], "vllm:prompt_tokens_by_source_total", source=source)
+    finally:
+        stack.stop()
+    print(f"   [{name}] p50/p90 ITL {summary['p50_itl_s'] * 1e3:.1f}/{summary['p90_itl_s'] * 1e3:.1f} ms, "
+          f"p50 TTFT {summary['p50_ttft_s']:.3f} s (returning {summary['returning_p50_ttft_s']:.3f}, "
+          f"cold {summary['cold_p50_ttft_s']:.3f}), {summary['turns']} turns, {summary['errors']} errors", flush=True)
+    return summary
+
+
+# ---- the DRAM tier ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TierWorkload:
+    sessions: int = 6
+    turns: int = 3
+    first_tokens: int = 3000
+    turn_tokens: int = 120
+    out_tokens: int = 16
+    max_model_len: int = 8192
+    kv_cache_gib: float = 0.04     # ~10k tokens of the tiny model's float32 KV: fewer than the sessions hold
+    tier_gib: float = 0.5
+
+
+async def returning_turns(url: str, t: TierWorkload) -> list[Turn]:
+    """Sessions interleaved turn by turn, so that each one's prefix is evicted before it returns."""
+    rngs = [random.Random(500 + s) for s in range(t.sessions)]
+    prompts = [token_ids(t.first_tokens, rng) for rng in rngs]
+    out: list[Turn] = []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as http:
+        for turn in range(t.turns):
+            for s in range(t.sessions):
+                result = await stream_turn(http, url, prompts[s], t.out_tokens, f"tier-{s}",
+                                           "warm-first" if turn == 0 else "warm-returning")
+                out.append(result)
+                prompts[s] = prompts[s] + result.tokens + token_ids(t.turn_tokens, rngs[s])
+    return out
+
+
+def measure_returning_turns(tmp: Path, t: TierWorkload, tier_enabled: bool) -> dict:
+    """Returning-turn prefix hit rate and TTFT on one small-cache worker, with the tier on or off."""
+    env = {"ROLLOUT_SERVE_KV_TIER__ENABLED": str(tier_enabled).lower(),
+           "ROLLOUT_SERVE_KV_TIER__CAPACITY_GIB": str(t.tier_gib),
+           "ROLLOUT_SERVE_KV_TIER__PORT_BASE": str(free_port_block(3, start=32000))}
+    name = f"tier-{'on' if tier_enabled else 'off'}"
+    print(f"   [{name}] starting", flush=True)
+    stack = start_stack(tmp / name, workers=1, timeout_s=900,
+                        extra_args=["--max-model-len", str(t.max_model_len), "--kv-cache-gib", str(t.kv_cache_gib)],
+                        extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false", **env})
+    try:
+        turns = asyncio.run(returning_turns(stack.url, t))
+    finally:
+        stack.stop()
+    returning = [x for x in turns if x.kind == "warm-returning" and not x.error]
+    errors = [x.error for x in turns if x.error]
+    result = {"hit_rate": sum(x.cached_tokens for x in returning) / max(1, sum(x.prompt_tokens for x in returning)),
+              "ttft_s": percentile([x.ttft for x in returning], 0.5), "errors": len(errors)}
+    print(f"   [{name}] returning turns: hit rate {result['hit_rate']:.1%}, p50 TTFT {result['ttft_s']:.3f} s, "
+          f"{len(errors)} errors {errors[:1]}", flush=True)
+    return result
+
+
+# ---- sizes and descriptors -------------------------------------------------------------------
+
+def tier_capacity(model_dir: Path) -> dict:
+    tier = Settings().kv_tier
+    return capacity_report(tier.capacity_bytes, KvShape.from_hf_config(model_dir), BLOCK_SIZE)
+
+
+def descriptor_counts(model_dir: Path, w: Workload) -> dict:
+    """Descriptors to move one cold prompt's blocks, from a pool fragmented by churn (kernels/layouts.py)."""
+    from benchmarks.kv_formats import fragmented_block_ids
+
+    shape = KvShape.from_hf_config(model_dir)
+    blocks = (w.shared_tokens + w.cold_tokens) // BLOCK_SIZE
+    ids = fragmented_block_ids(blocks, pool_blocks=8 * blocks, seed=3)
+    per_layer_block = 2 * shape.num_kv_heads * BLOCK_SIZE * shape.head_dim * 2  # bf16 K and V of one layer
+    layer_major = len(layouts.layer_major_regions(shape.num_layers, per_layer_block, ids))
+    blhnc = len(layouts.blhnc_regions(per_layer_block * shape.num_layers, ids))
+    return {"transfer_blocks": blocks, "transfer_block_runs": len(layouts.block_runs(ids)),
+            "descriptors_per_transfer_layer_major": layer_major, "descriptors_per_transfer_blhnc": blhnc,
+            "descriptors_ratio_without_over_with_blhnc": layer_major / blhnc}
+
+
+# ---- main ------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the benchmark)")
+    parser.add_argument("--budgets", type=int, nargs=2, default=[Settings().prefill_budget_tokens, 8192],
+                        help="the two prefill token budgets compared (the first is the default)")
+    parser.add_argument("--skip-tier", action="store_true")
+    parser.add_argument("--skip-variants", action="store_true", help="only aggregated vs default disaggregated")
+    opts = parser.parse_args()
+    w = Workload(warmup_s=8, duration_s=30) if opts.quick else Workload()
+    model_dir = Settings().model or ensure_tiny_model(0, CACHE_DIR / "models")  # ROLLOUT_SERVE_MODEL: another model
+    tmp = Path(tempfile.mkdtemp(prefix="agentic-bench-"))
+    fig: dict = {"workload": json.dumps(w.__dict__)}
+
+    print(f"== 1. aggregated vs disaggregated, same 2 cores: {w.warm_sessions} warm sessions over a "
+          f"{w.shared_tokens}-token shared context (+{w.growth:.0%} a turn), a {w.cold_tokens}-token cold session "
+          f"every {w.cold_interval_s:.0f} s, {w.duration_s:.0f} s measured", flush=True)
+    disagg = ["--prefill-workers", "1", "--decode-workers", "1"]
+    runs = {"agg": run_stack("agg", tmp, w, 2, []),
+            "disagg": run_stack("disagg", tmp, w, 2, disagg + ["--prefill-budget-tokens", str(opts.budgets[0])])}
+    if not opts.skip_variants:
+        runs["disagg_always_remote"] = run_stack("disagg-always-remote", tmp, w, 2,
+                                                 disagg + ["--disagg-local-max-uncached-tokens", "0"])
+        runs["disagg_budget2"] = run_stack(f"disagg-budget-{opts.budgets[1]}", tmp, w, 2,
+                                           disagg + ["--prefill-budget-tokens", str(opts.budgets[1])])
+    for name, summary in runs.items():
+        fig.update({f"{name}_{k}": v for k, v in summary.items()})
+    agg, dis = runs["agg"], runs["disagg"]
+    fig["p90_itl_ratio_disagg_over_agg"] = dis["p90_itl_s"] / agg["p90_itl_s"]
+    fig["ttft_ratio_disagg_over_agg"] = dis["p50_ttft_s"] / agg["p50_ttft_s"]
+    fig["cold_ttft_ratio_disagg_over_agg"] = dis["cold_p50_ttft_s"] / agg["cold_p50_ttft_s"]
+    fig["returning_ttft_ratio_disagg_over_agg"] = dis["returning_p50_ttft_s"] / agg["returning_p50_ttft_s"]
+    if "disagg_budget2" in runs:
+        fig["prefill_budgets"] = list(opts.budgets)
+        fig["prefill_queue_time_ratio_budget2_over_default"] = (runs["disagg_budget2"]["queue_time_mean_s_worker0"]
+                                                                / max(1e-9, dis["queue_time_mean_s_worker0"]))
+
+    if not opts.skip_tier:
+        t = TierWorkload(sessions=4, turns=2) if opts.quick else TierWorkload()
+        print(f"== 2. returning turns, one worker with a {t.kv_cache_gib} GiB KV cache, {t.sessions} sessions of "
+              f"{t.first_tokens}+ tokens, interleaved: without and with the DRAM tier", flush=True)
+        off = measure_returning_turns(tmp, t, False)
+        fig.update({"returning_hit_rate_without_tier": off["hit_rate"], "returning_ttft_s_without_tier": off["ttft_s"]})
+        try:
+            on = measure_returning_turns(tmp, t, True)
+        except RuntimeError as exc:  # the tier stack did not start: report it, keep the other figures
+            print(f"   [tier-on] did not start: {str(exc)[-600:]}", flush=True)
+            fig.update({"returning_hit_rate_with_tier": None, "tier_error": str(exc)[-600:]})
+        else:
+            fig.update({"returning_hit_rate_with_tier": on["hit_rate"], "returning_ttft_s_with_tier": on["ttft_s"],
+                        "returning_ttft_ratio_with_over_without_tier": on["ttft_s"] / off["ttft_s"],
+                        "tier_errors": on["errors"] + off["errors"]})
+
+    print("== 3. tier capacity and transfer descriptors", flush=True)
+    fig.update(tier_capacity(model_dir))
+    fig.update(descriptor_counts(model_dir, w))
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(fig, indent=2) + "\n")
+    report(fig, runs)
+
+
+def report(fig: dict, runs: dict) -> None:
+    print("\n   (ITL: per request, then percentiles over requests; gap: between two tokens)")
+    print("                          p50 ITL   p90 ITL  p90 gap  max gap  p50 TTFT  returning  cold TTFT  out tok/s")
+    for name, s in runs.items():
+        print(f"   {name:22s} {s['p50_itl_s'] * 1e3:7.1f}ms {s['p90_itl_s'] * 1e3:7.1f}ms "
+              f"{s['p90_token_gap_s'] * 1e3:6.1f}ms {s['max_token_gap_s']:6.2f}s {s['p50_ttft_s']:8.3f}s "
+              f"{s['returning_p50_ttft_s']:9.3f}s {s['cold_p50_ttft_s']:9.3f}s {s['output_tokens_per_s']:9.1f}")
+    print(f"\n   p90 ITL disagg / agg = {fig['p90_itl_ratio_disagg_over_agg']:.2f}   (goal <= 0.6)")
+    print(f"   p50 TTFT disagg / agg = {fig['ttft_ratio_disagg_over_agg']:.2f}")
+    if fig.get("returning_hit_rate_with_tier") is not None:
+        print(f"   returning-turn hit rate: {fig['returning_hit_rate_without_tier']:.1%} without the tier, "
+              f"{fig['returning_hit_rate_with_tier']:.1%} with it; TTFT ratio with/without "
+              f"{fig['returning_ttft_ratio_with_over_without_tier']:.2f}")
+    print(f"   tier capacity: {fig['tier_tokens_nvfp4']:,} tokens NVFP4 vs {fig['tier_tokens_bf16']:,} bf16 "
+          f"(x{fig['tier_tokens_ratio_nvfp4_over_bf16']:.2f})")
+    print(f"   descriptors per transfer: {fig['descriptors_per_transfer_layer_major']} layer-major vs "
+          f"{fig['descriptors_per_transfer_blhnc']} BLHNC (x{fig['descriptors_ratio_without_over_with_blhnc']:.1f})")
+    print(f"\n   wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

