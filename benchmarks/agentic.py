@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import re
@@ -51,13 +52,13 @@ class Workload:
     growth: float = 0.04           # a turn adds ~4% to the prompt (answer + tool result)
     out_tokens: int = 48           # tokens generated per turn
     warm_sessions: int = 4
+    turns_per_session: int = 30    # the prompt grows 1.04^30 = 3.2x
     think_s: float = 0.3           # tool execution between turns
     # A cold session's uncached document: sized so that its prefill takes seconds here, as a ~140k-token
-    # prompt does on a GPU (the tiny model prefills ~10k tokens/s on one core).
-    cold_tokens: int = 16384
-    cold_interval_s: float = 6.0   # one cold arrival every this many seconds
-    warmup_s: float = 15.0
-    duration_s: float = 90.0
+    # prompt does on a GPU, while one prefill core still keeps up with the arrivals.
+    cold_tokens: int = 8192
+    cold_sessions: int = 10
+    cold_interval_s: float = 5.0   # one cold arrival every this many seconds
 
 
 @dataclass
@@ -114,12 +115,11 @@ async def stream_turn(http: httpx.AsyncClient, url: str, prompt: list[int], max_
     return turn
 
 
-async def warm_session(http, url: str, w: Workload, index: int, shared: list[int], stop_at: float,
-                       turns: list[Turn]) -> None:
+async def warm_session(http, url: str, w: Workload, index: int, shared: list[int], turns: list[Turn]) -> None:
     rng = random.Random(100 + index)
     prompt = shared + token_ids(w.task_tokens, rng)
     kind = "warm-first"
-    while time.perf_counter() < stop_at:
+    for _ in range(w.turns_per_session):
         turn = await stream_turn(http, url, prompt, w.out_tokens, f"warm-{index}", kind)
         turns.append(turn)
         if turn.error:
@@ -131,30 +131,31 @@ async def warm_session(http, url: str, w: Workload, index: int, shared: list[int
         await asyncio.sleep(w.think_s)
 
 
-async def cold_arrivals(http, url: str, w: Workload, shared: list[int], stop_at: float, turns: list[Turn]) -> None:
+async def cold_arrivals(http, url: str, w: Workload, shared: list[int], turns: list[Turn]) -> None:
     rng = random.Random(7)
-    tasks, n = [], 0
-    while time.perf_counter() < stop_at:
+    tasks = []
+    for n in range(w.cold_sessions):
         await asyncio.sleep(w.cold_interval_s)
         prompt = shared + token_ids(w.cold_tokens, rng)
-        n += 1
         tasks.append(asyncio.create_task(stream_turn(http, url, prompt, w.out_tokens, f"cold-{n}", "cold")))
     turns.extend(await asyncio.gather(*tasks))
 
 
 async def replay(url: str, w: Workload) -> list[Turn]:
-    """Warm sessions in closed loops plus cold arrivals; returns the turns that started after the warm-up."""
+    """A fixed trace: every warm session runs its turns while the cold sessions arrive on a fixed schedule.
+
+    Greedy decoding makes every turn's prompt the same in every configuration, so all configurations
+    serve the same requests (closed loops bounded by time would not: a faster one grows longer prompts).
+    """
     shared = token_ids(w.shared_tokens, random.Random(1))
     turns: list[Turn] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10)) as http:
         # The shared context once, so that it is cached as it would be in a running deployment (and NIXL
         # has done its first handshake).
         await stream_turn(http, url, shared, 4, "prime", "prime")
-        start = time.perf_counter()
-        stop_at = start + w.warmup_s + w.duration_s
-        await asyncio.gather(*(warm_session(http, url, w, i, shared, stop_at, turns) for i in range(w.warm_sessions)),
-                             cold_arrivals(http, url, w, shared, stop_at, turns))
-    return [t for t in turns if t.start >= start + w.warmup_s]
+        await asyncio.gather(*(warm_session(http, url, w, i, shared, turns) for i in range(w.warm_sessions)),
+                             cold_arrivals(http, url, w, shared, turns))
+    return turns
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -183,6 +184,7 @@ def summarize(turns: list[Turn]) -> dict:
         "returning_hit_rate": (sum(t.cached_tokens for t in returning) / max(1, sum(t.prompt_tokens for t in returning))),
         "mean_prompt_tokens": statistics.mean(t.prompt_tokens for t in ok) if ok else float("nan"),
         "output_tokens_per_s": sum(len(t.tokens) for t in ok) / max(1e-9, _span(ok)),
+        "wall_s": _span(ok),
     }
 
 
@@ -240,7 +242,7 @@ class TierWorkload:
     turn_tokens: int = 120
     out_tokens: int = 16
     max_model_len: int = 8192
-    kv_cache_gib: float = 0.04     # ~10k tokens of the tiny model's float32 KV: fewer than the sessions hold
+    kv_cache_gib: float = 0.02     # ~10k tokens of the tiny model's KV: fewer than the sessions hold
     tier_gib: float = 0.5
 
 
@@ -309,19 +311,22 @@ def descriptor_counts(model_dir: Path, w: Workload) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the benchmark)")
-    parser.add_argument("--budgets", type=int, nargs=2, default=[Settings().prefill_budget_tokens, 8192],
+    parser.add_argument("--budgets", type=int, nargs=2, default=[Settings().prefill_budget_tokens, 2048],
                         help="the two prefill token budgets compared (the first is the default)")
     parser.add_argument("--skip-tier", action="store_true")
     parser.add_argument("--skip-variants", action="store_true", help="only aggregated vs default disaggregated")
+    parser.add_argument("--baselines", action="store_true",
+                        help="also aggregated and disaggregated without cold sessions (decode capacity alone)")
     opts = parser.parse_args()
-    w = Workload(warmup_s=8, duration_s=30) if opts.quick else Workload()
+    w = Workload(turns_per_session=10, cold_sessions=4) if opts.quick else Workload()
     model_dir = Settings().model or ensure_tiny_model(0, CACHE_DIR / "models")  # ROLLOUT_SERVE_MODEL: another model
     tmp = Path(tempfile.mkdtemp(prefix="agentic-bench-"))
     fig: dict = {"workload": json.dumps(w.__dict__)}
 
     print(f"== 1. aggregated vs disaggregated, same 2 cores: {w.warm_sessions} warm sessions over a "
-          f"{w.shared_tokens}-token shared context (+{w.growth:.0%} a turn), a {w.cold_tokens}-token cold session "
-          f"every {w.cold_interval_s:.0f} s, {w.duration_s:.0f} s measured", flush=True)
+          f"{w.shared_tokens}-token shared context (+{w.growth:.0%} a turn, {w.turns_per_session} turns each), "
+          f"{w.cold_sessions} cold sessions of {w.cold_tokens} new tokens, one every {w.cold_interval_s:.0f} s",
+          flush=True)
     disagg = ["--prefill-workers", "1", "--decode-workers", "1"]
     runs = {"agg": run_stack("agg", tmp, w, 2, []),
             "disagg": run_stack("disagg", tmp, w, 2, disagg + ["--prefill-budget-tokens", str(opts.budgets[0])])}
@@ -330,6 +335,10 @@ def main() -> None:
                                                  disagg + ["--disagg-local-max-uncached-tokens", "0"])
         runs["disagg_budget2"] = run_stack(f"disagg-budget-{opts.budgets[1]}", tmp, w, 2,
                                            disagg + ["--prefill-budget-tokens", str(opts.budgets[1])])
+    if opts.baselines:
+        warm_only = dataclasses.replace(w, cold_sessions=0)
+        runs["agg_no_cold"] = run_stack("agg-no-cold", tmp, warm_only, 2, [])
+        runs["disagg_no_cold"] = run_stack("disagg-no-cold", tmp, warm_only, 2, disagg)
     for name, summary in runs.items():
         fig.update({f"{name}_{k}": v for k, v in summary.items()})
     agg, dis = runs["agg"], runs["disagg"]

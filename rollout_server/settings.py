@@ -22,7 +22,7 @@ from trace_pipeline.config import TraceSettings
 # Defaults measured by benchmarks/agentic.py (docs/benchmarks.md, "Agentic sessions").
 DISAGG_LOCAL_MAX_UNCACHED_TOKENS = 512
 DISAGG_LOCAL_MIN_CACHED_FRACTION = 0.5
-PREFILL_BUDGET_TOKENS = 2048
+PREFILL_BUDGET_TOKENS = 8192
 
 
 def _home_cache() -> Path:

@@ -2,7 +2,7 @@
 
 Evidence comes from the workers themselves: vLLM's `vllm:prompt_tokens_by_source` counters on each
 worker's Dynamo system port say how many prompt tokens it computed, found in its own prefix cache, or
-received from another instance (NIXL).
+received from another instance (NIXL); a worker's KV events say how many blocks each engine step stored.
 """
 
 import json
