@@ -11,10 +11,11 @@ The same fixed suite of chat requests is sent to two systems, one after the othe
          `--tool-strict-level parameter`, which vLLM documents as "pins argument
          schemas, as if every tool were `strict: true`".
 
-Both get byte-identical request bodies, so both render the same prompt. Strictness is
-set on the vLLM server rather than with `"strict": true` in each tool because the chat
-template renders that key too: with it, 128 tools make a 32,859-token prompt, over the
-tiny model's 32,768-token context (without it: 31,710 tokens).
+Both serve the same model directory (`--cache-dir`/models/tiny-qwen2-v0) and get
+byte-identical request bodies, so both render the same prompt. Strictness is set on
+the vLLM server rather than with `"strict": true` in each tool because the chat
+template renders that key too, making every prompt longer (128 tools: ~18.4K tokens
+without it with the tiny model's tokenizer).
 The suite (`build_suite`) is `--per-mode` requests with `tool_choice: "required"`
 (and `parallel_tool_calls: false`, so exactly one call is expected) plus as many with
 a named `tool_choice` (exactly one call of that function expected). Tool counts cycle
@@ -24,8 +25,9 @@ fields, and renamed copies past 60). Sets of up to 8 tools start at a different
 place in the suite for each request; the 16..128-tool sets are always the suite's
 first N tools, so their long prompts (up to ~32K tokens) share one cached prefix.
 The named function cycles through the request's tools. Sampling: temperature 1.0 with
-a fixed seed per request, `max_tokens` 256 (the tiny model has random weights, so it
-writes long strings; many calls are cut by `max_tokens`).
+a fixed seed per request, `max_tokens` 256. The tiny model was trained for about a
+minute to write short tool calls (`rollout_server/tiny_model_training.py`); with random
+weights it never closed a JSON string and most calls were cut by `max_tokens`.
 
 Prefix-cache warm-up, and why: before the suite, every request's exact prompt is sent
 once *without* a seed (tool_choice "none", max_tokens 1), so the seeded request then
@@ -65,7 +67,8 @@ How each response is judged (`judge`):
 Also: xgrammar compile time of our structural tag for 1/16/128 tools, cold (token masks
 included, compiler cache off) and on a GrammarCache hit (`measure_compile_times`).
 
-Run:    .venv/bin/python benchmarks/tool_calls.py          (about 4 minutes on 2 busy cores)
+Run:    .venv/bin/python benchmarks/tool_calls.py [--cache-dir DIR]   (about 4 minutes on 2 busy cores,
+        plus the model build, ~2 minutes, when DIR holds no current tiny model)
 Writes: benchmarks/results/tool_calls.json (one flat object).
 """
 
@@ -303,8 +306,8 @@ def run_suite(url: str, cases: list[Case], args: argparse.Namespace) -> tuple[li
     return [judge(c, *r) for c, r in zip(cases, responses)], responses, wall
 
 
-def run_ours(tmp: Path, cases: list[Case], args: argparse.Namespace):
-    stack = start_stack(tmp / "stack", workers=1)
+def run_ours(model_dir: Path, tmp: Path, cases: list[Case], args: argparse.Namespace):
+    stack = start_stack(tmp / "stack", workers=1, extra_args=["--model", str(model_dir), "--served-model-name", MODEL])
     try:
         return run_suite(stack.url, cases, args)
     finally:
@@ -320,7 +323,16 @@ def run_plain_vllm(model_dir: Path, tmp: Path, cases: list[Case], args: argparse
         stop_group(server)
 
 
-# ---- compile times ------------------------------------------------------------------------
+# ---- the model and compile times -----------------------------------------------------------
+
+def model_figures(model_dir: Path) -> dict[str, Any]:
+    """How the served tiny model was built: its recipe and training time, from its rollout_serve.json."""
+    built = json.loads((model_dir / "rollout_serve.json").read_text())
+    training = built.get("training", {})
+    return {"model_recipe": built["recipe"], "model_train_s": round(training.get("seconds", 0.0), 1),
+            "model_train_cpu_s": round(training.get("cpu_seconds", 0.0), 1),
+            "model_train_steps": training.get("steps", 0), "model_train_loss": round(training.get("last_loss", 0.0), 3)}
+
 
 def compile_figures(model_dir: Path) -> dict[str, float]:
     from transformers import AutoTokenizer
@@ -371,12 +383,15 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--systems", default="ours,vllm", help="comma-separated subset of ours,vllm")
     parser.add_argument("--show-failures", type=int, default=5, help="failing responses printed per system")
+    parser.add_argument("--cache-dir", type=Path, default=CACHE_DIR,
+                        help="where the tiny model is built or found (DIR/models); default: the test cache")
     args = parser.parse_args()
     started = time.perf_counter()
-    model_dir = ensure_tiny_model(0, CACHE_DIR / "models")
+    model_dir = ensure_tiny_model(0, args.cache_dir / "models")
     tmp = Path(tempfile.mkdtemp(prefix="tool-calls-bench-"))
     cases = build_suite(args.per_mode)
-    figures: dict[str, Any] = {"requests_per_system": len(cases), "max_tokens": args.max_tokens, "temperature": 1.0}
+    figures: dict[str, Any] = {"requests_per_system": len(cases), "max_tokens": args.max_tokens, "temperature": 1.0,
+                               **model_figures(model_dir)}
 
     print("== grammar compile time (hermes, tiny model tokenizer, median of 3)", flush=True)
     figures.update(compile_figures(model_dir))
@@ -385,7 +400,8 @@ def main() -> None:
               f"cached {figures[f'compile_ms_{n}_tools_cached']:6.3f} ms", flush=True)
 
     summaries: dict[str, dict[str, Any] | None] = {"ours": None, "vllm": None}
-    runners = {"ours": lambda: run_ours(tmp, cases, args), "vllm": lambda: run_plain_vllm(model_dir, tmp, cases, args)}
+    runners = {"ours": lambda: run_ours(model_dir, tmp, cases, args),
+               "vllm": lambda: run_plain_vllm(model_dir, tmp, cases, args)}
     for system in args.systems.split(","):
         print(f"== {system}: {len(cases)} requests ({args.per_mode} required + {args.per_mode} named)", flush=True)
         verdicts, responses, wall = runners[system]()

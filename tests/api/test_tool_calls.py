@@ -97,7 +97,7 @@ def test_none_and_auto(tool_client):
 
 def test_parallel_tool_calls_honoured_both_ways(tool_client):
     counts = []
-    for seed in range(6):
+    for seed in range(16):  # the trained tiny model mostly makes one call; seeds 10-14 include more
         single = ask(tool_client, tool_choice="required", parallel_tool_calls=False, seed=seed).choices[0]
         assert len(single.message.tool_calls) == 1
         assert_valid_calls(single.message)

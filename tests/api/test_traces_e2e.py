@@ -97,14 +97,17 @@ def test_chat_session_with_tools_exports_exact_ids_logprobs_and_messages(stack, 
         assert row["finish_reason"] == "tool_calls"
         assert row["worker_ids"] == [reply.model_extra["worker_id"]]
 
-    # One SFT row per served turn: the conversation so far plus the answer given.
-    sft = {row["request_id"]: row["messages"] for row in export(stack, tmp_path, "sft", session, expect_rows=2)}
-    assert [m["role"] for m in sft[replies[0].id]] == ["user", "assistant"]
-    conversation = sft[replies[1].id]
-    assert [m["role"] for m in conversation] == ["user", "assistant", "tool", "assistant"]
-    assert conversation[-1]["tool_calls"][0]["id"] == replies[-1].choices[0].message.tool_calls[0].id
-    assert conversation[-1]["tool_calls"][0]["function"]["arguments"] == \
-        replies[-1].choices[0].message.tool_calls[0].function.arguments
+    # Turn 2's prompt holds turn 1's prompt and answer token for token (the chat template re-renders the
+    # compact call exactly), so the two turns stitch into one trajectory: one SFT row, the whole conversation.
+    first_turn = replies[0].model_extra["prompt_token_ids"] + replies[0].choices[0].model_extra["token_ids"]
+    assert replies[1].model_extra["prompt_token_ids"][:len(first_turn)] == first_turn
+    [row] = export(stack, tmp_path, "sft", session, expect_rows=1)
+    assert row["request_id"] == replies[1].id
+    assert [m["role"] for m in row["messages"]] == ["user", "assistant", "tool", "assistant"]
+    for message, reply in zip(row["messages"][1::2], replies):
+        call = reply.choices[0].message.tool_calls[0]
+        assert message["tool_calls"][0]["id"] == call.id
+        assert message["tool_calls"][0]["function"]["arguments"] == call.function.arguments
 
 
 def test_rewards_for_unknown_traces_are_refused(stack):

@@ -232,7 +232,10 @@ def test_rl_trainer_shapes_pause_and_resume(stack, checkpoints, finetuned_dir, t
 def test_abort_mode_ends_straddling_streams_with_a_retryable_error(stack, checkpoints, finetuned_dir, tokenizer):
     step = copy_checkpoint(finetuned_dir, checkpoints["root"] / "rl-step-30")
     prompt_ids = tokenizer.encode(PROMPT)
-    current = complete(stack, prompt_ids, tokens=400)  # greedy output of the weights serving now
+    # Streams long enough to still be decoding when the deploy pauses the workers (the trained tiny model
+    # writes ~100 tokens/s per stream here); the deploy starts once every stream has its first tokens.
+    length = 1500
+    current = complete(stack, prompt_ids, tokens=length)  # greedy output of the weights serving now
 
     def deploy():
         return admin_post(stack, "/v1/admin/deployments", {"path": str(step), "wait": True, "in_flight": "abort",
@@ -240,9 +243,9 @@ def test_abort_mode_ends_straddling_streams_with_a_retryable_error(stack, checkp
 
     async def long_streams():
         async with httpx.AsyncClient(timeout=300) as http:
-            body = {"model": "tiny-qwen2", "prompt": prompt_ids, "max_tokens": 400, "temperature": 0,
+            body = {"model": "tiny-qwen2", "prompt": prompt_ids, "max_tokens": length, "temperature": 0,
                     "stream": True, "return_token_ids": True, "ignore_eos": True}
-            outcomes = []
+            outcomes, decoding = [], asyncio.Semaphore(0)
 
             async def one():
                 tokens, error, version = [], "", None
@@ -256,11 +259,15 @@ def test_abort_mode_ends_straddling_streams_with_a_retryable_error(stack, checkp
                                 error = chunk["error"]["message"]
                             else:
                                 version = chunk["policy_version"]
-                                tokens += [t for c in chunk["choices"] for t in c.get("token_ids", [])]
+                                new_tokens = [t for c in chunk["choices"] for t in c.get("token_ids", [])]
+                                if new_tokens and not tokens:
+                                    decoding.release()
+                                tokens += new_tokens
                 outcomes.append((version, tokens, error))
 
             streams = [asyncio.create_task(one()) for _ in range(3)]
-            await asyncio.sleep(2.0)  # the streams are decoding when the deploy pauses the workers
+            for _ in streams:
+                await asyncio.wait_for(decoding.acquire(), timeout=120)
             response = await asyncio.to_thread(deploy)
             await asyncio.gather(*streams)
             return response, outcomes

@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import zmq
 
+from engine.disaggregation import worker_cores
 from rollout_server.settings import Settings
 from tests.disagg.conftest import (
     BLOCK_SIZE,
@@ -81,6 +82,38 @@ def test_conditional_disaggregation_keeps_a_mostly_cached_follow_up_local(disagg
     assert complete(disagg_stack.url, long_follow_up, 8, session="conditional").status_code == 200
     prefill = _delta(prompt_tokens_by_source(disagg_stack, "prefill"), prefill_before)
     assert prefill["local_compute"] >= 800 - BLOCK_SIZE, f"a long uncached part was prefilled locally: {prefill}"
+
+
+def test_each_nixl_worker_computes_on_its_own_core(disagg_stack):
+    """vLLM's NIXL worker moves its runner to the last core; the stack puts every thread of it back on the
+    worker's core, and prefill and decode workers do not share one."""
+    rows = disagg_stack.running.status()["workers"]
+    cores = worker_cores([row["role"] for row in rows], os.cpu_count() or 1)
+    prefill_cores = {cores[row["worker"]] for row in rows if row["role"] == "prefill"}
+    decode_cores = {cores[row["worker"]] for row in rows if row["role"] == "decode"}
+    if (os.cpu_count() or 1) >= 2:
+        assert not prefill_cores & decode_cores, cores
+    for row in rows:
+        runners = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
+                   if _pgid(pid) == row["pid"] and _read(f"/proc/{pid}/comm") == "VLLM::Worker"]
+        assert len(runners) == 1, row
+        threads = [int(t) for t in os.listdir(f"/proc/{runners[0]}/task")]
+        assert {tid: os.sched_getaffinity(tid) for tid in threads} == {tid: {cores[row["worker"]]} for tid in threads}
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
 
 
 def _stored_block_batches(kv_events_port: int, send) -> list[int]:

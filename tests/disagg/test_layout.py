@@ -1,6 +1,7 @@
 """Worker roles and the flags of disaggregated serving, checked against Dynamo's own argument parsers (no stack)."""
 
 import argparse
+import json
 
 import pytest
 from pydantic import ValidationError
@@ -18,6 +19,18 @@ def test_prefill_and_decode_workers_replace_aggregated_ones():
     assert len({w.system_port for w in layout}) == len({w.kv_events_port for w in layout}) == 3
     assert [w.role for w in worker_layout(Settings(workers=2))] == ["aggregated", "aggregated"]
     assert worker_layout(Settings(workers=2))[0].nixl_port is None
+
+
+@pytest.mark.parametrize("roles, cores, expected", [
+    (["prefill", "decode", "decode"], 2, [0, 1, 1]),  # the disagg tests' stack: decode workers share core 1
+    (["prefill", "decode"], 2, [0, 1]),
+    (["prefill", "prefill", "decode", "decode"], 3, [0, 0, 1, 2]),
+    (["prefill", "decode", "decode"], 4, [0, 1, 2]),  # enough cores: one each
+    (["aggregated"] * 3, 2, [0, 1, 0]),  # aggregated workers round-robin
+    (["prefill", "decode"], 1, [0, 0]),
+])
+def test_prefill_and_decode_workers_get_cores_of_their_own(roles, cores, expected):
+    assert disaggregation.worker_cores(roles, cores) == expected
 
 
 @pytest.mark.parametrize("given", [{"prefill_workers": 1}, {"decode_workers": 2},
@@ -63,7 +76,9 @@ def test_worker_specs_carry_role_nixl_and_prefill_budget(tmp_path):
     for spec, role in ((prefill, "prefill"), (decode, "decode")):
         argv = spec.argv
         assert argv[argv.index("--disaggregation-mode") + 1] == role
-        assert '"kv_connector": "NixlConnector"' in argv[argv.index("--kv-transfer-config") + 1]
+        transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert transfer["kv_connector"] == "NixlConnector"
+        assert transfer["kv_connector_extra_config"]["kv_lease_duration"] == settings.disagg_kv_lease_s
         assert spec.env["UCX_NET_DEVICES"] == "lo" and spec.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
     assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
     # argparse keeps the last value of a repeated flag: the prefill worker chunks at its budget.
