@@ -23,7 +23,6 @@ import asyncio
 import dataclasses
 import json
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.kv_tier.formats import KvShape, capacity_report
+from engine.stack import vllm_counter
 from kernels import layouts
 from rollout_server.settings import Settings
 from rollout_server.tiny_model import ensure_tiny_model
@@ -196,19 +196,6 @@ def _span(turns: list[Turn]) -> float:
 
 # ---- stacks ----------------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r'^(vllm:[a-z_]+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)$')
-
-
-def worker_metric(system_port: int, name: str, **labels: str) -> float:
-    text = httpx.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match and match.group(1) == name and all(f'{k}="{v}"' in (match.group(2) or "") for k, v in labels.items()):
-            total += float(match.group(3))
-    return total
-
-
 def run_stack(name: str, tmp: Path, w: Workload, workers: int, args: list[str], env: dict | None = None) -> dict:
     """Starts a stack, replays the workload, reads the workers' vLLM counters, stops it."""
     print(f"   [{name}] starting ({' '.join(args) or f'{workers} aggregated worker(s)'})", flush=True)
@@ -219,10 +206,10 @@ def run_stack(name: str, tmp: Path, w: Workload, workers: int, args: list[str], 
     try:
         summary = summarize(asyncio.run(replay(stack.url, w)))
         ports = [first_system_port + i for i in range(workers)]
-        summary["queue_time_mean_s_worker0"] = (worker_metric(ports[0], "vllm:request_queue_time_seconds_sum")
-                                                / max(1.0, worker_metric(ports[0], "vllm:request_queue_time_seconds_count")))
+        summary["queue_time_mean_s_worker0"] = (vllm_counter(ports[0], "vllm:request_queue_time_seconds_sum")
+                                                / max(1.0, vllm_counter(ports[0], "vllm:request_queue_time_seconds_count")))
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
-            summary[f"prompt_tokens_{source}_last_worker"] = worker_metric(
+            summary[f"prompt_tokens_{source}_last_worker"] = vllm_counter(
                 ports[-1], "vllm:prompt_tokens_by_source_total", source=source)
     finally:
         stack.stop()

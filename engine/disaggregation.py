@@ -46,16 +46,12 @@ def worker_cores(roles: list[Role], cores: int) -> list[int]:
     core while each pool can have one: a decode worker pinned beside the prefill worker it reads from
     stalls until the prefill worker's KV lease runs out (seen with 1 prefill + 2 decode workers on 2 cores).
     """
-    prefill = [i for i, role in enumerate(roles) if role == "prefill"]
-    if len(roles) <= cores or not prefill or len(prefill) == len(roles) or cores < 2:
+    prefill = roles.count("prefill")
+    if len(roles) <= cores or not prefill or cores < 2:
         return [i % cores for i in range(len(roles))]
-    prefill_cores = max(1, min(cores - 1, cores * len(prefill) // len(roles)))
-    layout, placed = [], {"prefill": 0, "decode": 0}
-    for role in roles:
-        pool = range(prefill_cores) if role == "prefill" else range(prefill_cores, cores)
-        layout.append(pool[placed[role] % len(pool)])
-        placed[role] += 1
-    return layout
+    prefill_cores = max(1, min(cores - 1, cores * prefill // len(roles)))
+    pools = {"prefill": range(prefill_cores), "decode": range(prefill_cores, cores)}
+    return [pools[role][roles[:i].count(role) % len(pools[role])] for i, role in enumerate(roles)]
 
 
 def nixl_transfer_config(settings: Settings) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -290,6 +291,20 @@ def worker_health(system_port: int) -> dict:
         return httpx.get(f"http://127.0.0.1:{system_port}/health", timeout=2.0).json()
     except (httpx.HTTPError, ValueError):
         return {}
+
+
+_VLLM_SAMPLE = re.compile(r'^(vllm:[a-z_]+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)$')
+
+
+def vllm_counter(system_port: int, name: str, **labels: str) -> float:
+    """The sum of a vLLM metric's samples on a worker's system port whose labels include `labels`."""
+    text = httpx.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        match = _VLLM_SAMPLE.match(line)
+        if match and match.group(1) == name and all(f'{k}="{v}"' in (match.group(2) or "") for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
 
 
 def worker_metrics(system_port: int) -> dict:

@@ -7,12 +7,12 @@ a core busy polling UCX, which would starve the other tests' stacks.
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 
 import httpx
 import pytest
 
+from engine.stack import vllm_counter
 from tests.stack_harness import RunningStack, free_port_block, start_stack
 
 MODEL = "tiny-qwen2"
@@ -73,22 +73,6 @@ class DisaggStack:
 
     def kv_events_ports(self, role: str) -> list[int]:
         return [w.kv_events_port for w in self.workers if w.role == role]
-
-
-_SAMPLE = re.compile(r'^(vllm:[a-z_]+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
-
-
-def vllm_counter(system_port: int, name: str, **labels: str) -> float:
-    """Sum of a vLLM metric's samples on a worker's Dynamo system port whose labels include `labels`."""
-    text = httpx.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match or match.group(1) != name:
-            continue
-        if all(f'{k}="{v}"' in match.group(2) for k, v in labels.items()):
-            total += float(match.group(3))
-    return total
 
 
 def prompt_tokens_by_source(stack: DisaggStack, role: str) -> dict[str, float]:
