@@ -116,7 +116,8 @@ def engine_error(status: int, body: dict, request: EngineRequest) -> APIError:
 
 
 class _RefusedBeforeOutput(Exception):
-    """Dynamo answered 503 before streaming anything: nothing was generated, so sending again is safe."""
+    """The request never reached Dynamo, or Dynamo answered 503 before streaming anything: nothing was
+    generated, so sending it again is safe."""
 
     def __init__(self, error: APIError):
         self.error = error
@@ -125,9 +126,10 @@ class _RefusedBeforeOutput(Exception):
 class DynamoFrontendClient:
     """The front door's connection to Dynamo's frontend.
 
-    A request Dynamo refuses with a 503 before any output (typically: its router picked a worker that
-    died a moment ago and has not yet dropped it from discovery, about a second) is sent again, up to
-    `unavailable_retries` times, `retry_delay_s` * attempt apart. A stream that fails after output
+    A request that could not reach Dynamo (no connection within the connect timeout: a busy frontend
+    on a loaded machine) or that Dynamo refused with a 503 before any output (typically: its router
+    picked a worker that died a moment ago and has not yet dropped it from discovery, about a second)
+    is sent again, up to `unavailable_retries` times, `retry_delay_s` * attempt apart. A stream that fails after output
     started is never re-sent: the client sees an error event.
     """
 
@@ -183,6 +185,9 @@ class DynamoFrontendClient:
                     raise _RefusedBeforeOutput(error) if resp.status_code == 503 else error
                 async for chunk in _sse_chunks(resp):
                     yield chunk
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # the request was never sent
+            raise _RefusedBeforeOutput(unavailable(
+                f"the engine is unreachable ({exc.__class__.__name__}); retry shortly")) from exc
         except httpx.TimeoutException as exc:
             raise APIError(504, f"the engine did not answer within the request timeout ({exc.__class__.__name__})") from exc
         except httpx.TransportError as exc:

@@ -232,9 +232,10 @@ def test_rl_trainer_shapes_pause_and_resume(stack, checkpoints, finetuned_dir, t
 def test_abort_mode_ends_straddling_streams_with_a_retryable_error(stack, checkpoints, finetuned_dir, tokenizer):
     step = copy_checkpoint(finetuned_dir, checkpoints["root"] / "rl-step-30")
     prompt_ids = tokenizer.encode(PROMPT)
-    # Streams long enough to still be decoding when the deploy pauses the workers (the trained tiny model
-    # writes ~100 tokens/s per stream here); the deploy starts once every stream has its first tokens.
-    length = 1500
+    # Streams long enough to still be decoding when the deploy pauses the workers: the tiny model writes up
+    # to ~300 tokens/s per stream here, and the first tokens may reach the client seconds after the start.
+    # The deploy starts once every stream has its first tokens.
+    length = 6000
     current = complete(stack, prompt_ids, tokens=length)  # greedy output of the weights serving now
 
     def deploy():
@@ -248,21 +249,26 @@ def test_abort_mode_ends_straddling_streams_with_a_retryable_error(stack, checkp
             outcomes, decoding = [], asyncio.Semaphore(0)
 
             async def one():
-                tokens, error, version = [], "", None
-                async with http.stream("POST", f"{stack.url}/v1/completions", json=body) as response:
-                    if response.status_code != 200:  # aborted before its first token: a retryable 503
-                        error = f"HTTP {response.status_code}: {(await response.aread()).decode()}"
-                    async for line in response.aiter_lines():
-                        if line.startswith("data: {"):
+                tokens, error, version, started = [], "", None, False
+                try:
+                    async with http.stream("POST", f"{stack.url}/v1/completions", json=body) as response:
+                        if response.status_code != 200:  # aborted before its first token: a retryable 503
+                            error = f"HTTP {response.status_code}: {(await response.aread()).decode()}"
+                        async for line in response.aiter_lines():
+                            if not line.startswith("data: {"):
+                                continue
                             chunk = httpx.Response(200, content=line[6:]).json()
                             if "error" in chunk:
                                 error = chunk["error"]["message"]
-                            else:
-                                version = chunk["policy_version"]
-                                new_tokens = [t for c in chunk["choices"] for t in c.get("token_ids", [])]
-                                if new_tokens and not tokens:
-                                    decoding.release()
-                                tokens += new_tokens
+                                continue
+                            version = chunk["policy_version"]
+                            tokens += [t for c in chunk["choices"] for t in c.get("token_ids") or []]
+                            if tokens and not started:
+                                started = True
+                                decoding.release()
+                finally:
+                    if not started:  # ended without a token: let the test go on and report it
+                        decoding.release()
                 outcomes.append((version, tokens, error))
 
             streams = [asyncio.create_task(one()) for _ in range(3)]

@@ -31,6 +31,8 @@ class FakeDynamoFrontend:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.calls += 1
         status, body = self.answers.pop(0)
+        if isinstance(body, Exception):
+            raise body
         if status == 200:
             return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
         return httpx.Response(status, json=body)
@@ -60,6 +62,11 @@ def test_refusals_past_the_retry_budget_reach_the_client_as_503():
     with pytest.raises(APIError) as refused:
         collect(fake, retries=2)
     assert fake.calls == 3 and refused.value.status == 503 and refused.value.code == "service_unavailable"
+
+
+def test_a_connection_that_was_never_made_is_tried_again():
+    fake = FakeDynamoFrontend((0, httpx.ConnectTimeout("busy")), (0, httpx.ConnectError("refused")), (200, sse(TOKEN)))
+    assert len(collect(fake)) == 1 and fake.calls == 3
 
 
 @pytest.mark.parametrize("status", [400, 404, 500])
