@@ -9,7 +9,6 @@ worker; `x-dynamo-session-id` binds a session to the worker holding its KV.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -38,6 +37,7 @@ class EngineRequest:
     guided: dict = field(default_factory=dict)
     session_id: str | None = None
     prompt_param: str = "prompt"         # the client's field that held the prompt (named in errors)
+    pool: str = "default"                # the capacity pool that serves it (engine/pools.py)
 
 
 @dataclass
@@ -115,29 +115,24 @@ def engine_error(status: int, body: dict, request: EngineRequest) -> APIError:
     return unavailable(f"the engine could not serve the request: {message}")
 
 
-class _RefusedBeforeOutput(Exception):
-    """The request never reached Dynamo, or Dynamo answered 503 before streaming anything: nothing was
-    generated, so sending it again is safe."""
+class RefusedBeforeOutput(Exception):
+    """The request never reached Dynamo, Dynamo answered 503, or the stream failed before any token:
+    nothing was generated, so sending it again (to the same deployment or another) is safe."""
 
     def __init__(self, error: APIError):
         self.error = error
 
 
 class DynamoFrontendClient:
-    """The front door's connection to Dynamo's frontend.
+    """The front door's connection to one Dynamo frontend (one deployment).
 
-    A request that could not reach Dynamo (no connection within the connect timeout: a busy frontend
-    on a loaded machine) or that Dynamo refused with a 503 before any output (typically: its router
-    picked a worker that died a moment ago and has not yet dropped it from discovery, about a second)
-    is sent again, up to `unavailable_retries` times, `retry_delay_s` * attempt apart. A stream that fails after output
-    started is never re-sent: the client sees an error event.
+    `stream_once` sends a request once. A failure before any token (no connection within the connect
+    timeout, a 503, a worker that died before its first token) raises `RefusedBeforeOutput`, which the
+    caller (engine/routing.py) may send again; a failure after tokens started is an `APIError`.
     """
 
-    def __init__(self, base_url: str, timeout_s: float = 600.0, unavailable_retries: int = 3,
-                 retry_delay_s: float = 0.5):
+    def __init__(self, base_url: str, timeout_s: float = 600.0):
         self.base_url = base_url
-        self.unavailable_retries = unavailable_retries
-        self.retry_delay_s = retry_delay_s
         self.http = httpx.AsyncClient(
             base_url=base_url, timeout=httpx.Timeout(timeout_s, connect=5.0),
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
@@ -160,20 +155,18 @@ class DynamoFrontendClient:
             "nvext": {"extra_fields": ["worker_id"]},
         }
 
-    async def stream(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
-        for attempt in range(1, self.unavailable_retries + 2):
-            try:
-                async for chunk in self._stream_once(req):
-                    yield chunk
-                return
-            except _RefusedBeforeOutput as refused:
-                if attempt > self.unavailable_retries:
-                    raise refused.error from None
-                log.info("request %s refused by the engine (%s); sending it again (attempt %d of %d)",
-                         req.request_id, refused.error.message, attempt + 1, self.unavailable_retries + 1)
-                await asyncio.sleep(self.retry_delay_s * attempt)
+    async def stream_once(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        produced = False
+        try:
+            async for chunk in self._stream(req):
+                produced = produced or any(d.tokens for d in chunk.deltas)
+                yield chunk
+        except APIError as error:
+            if produced or error.status != 503:
+                raise
+            raise RefusedBeforeOutput(error) from None
 
-    async def _stream_once(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+    async def _stream(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         headers = {"x-request-id": req.request_id}
         if req.session_id:
             headers["x-dynamo-session-id"] = req.session_id[:256]
@@ -182,16 +175,16 @@ class DynamoFrontendClient:
                 if resp.status_code != 200:
                     raw = await resp.aread()
                     error = engine_error(resp.status_code, _json_or_message(raw), req)
-                    raise _RefusedBeforeOutput(error) if resp.status_code == 503 else error
+                    raise RefusedBeforeOutput(error) if resp.status_code == 503 else error
                 async for chunk in _sse_chunks(resp):
                     yield chunk
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # the request was never sent
-            raise _RefusedBeforeOutput(unavailable(
+            raise RefusedBeforeOutput(unavailable(
                 f"the engine is unreachable ({exc.__class__.__name__}); retry shortly")) from exc
         except httpx.TimeoutException as exc:
             raise APIError(504, f"the engine did not answer within the request timeout ({exc.__class__.__name__})") from exc
         except httpx.TransportError as exc:
-            raise unavailable(f"the engine is unreachable ({exc.__class__.__name__}); retry shortly") from exc
+            raise unavailable(f"the engine connection failed ({exc.__class__.__name__}); retry shortly") from exc
 
 
 def _json_or_message(raw: bytes) -> dict:
@@ -220,3 +213,4 @@ async def _sse_chunks(resp: httpx.Response) -> AsyncIterator[EngineChunk]:
         if event == "error" or "error" in payload or ("message" in payload and "choices" not in payload):
             raise unavailable(f"the engine failed mid-request: {payload.get('error') or payload.get('message') or payload}")
         yield _parse_chunk(payload)
+    raise unavailable("the engine's stream ended before the request finished (its worker may have died)")

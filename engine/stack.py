@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -86,15 +87,28 @@ def worker_layout(settings: Settings) -> list[WorkerInfo]:
     return workers
 
 
+def aggregated_worker(settings: Settings, index: int, core: int) -> WorkerInfo:
+    """Worker `index` of a pool's deployment (aggregated; the ports come from the deployment's settings)."""
+    return WorkerInfo(index, settings.worker_system_base_port + index, settings.kv_events_base_port + index,
+                      str(core % (os.cpu_count() or 1)))
+
+
 class Stack:
-    def __init__(self, settings: Settings, model_dir: Path, served_model_name: str):
+    """One Dynamo deployment: a frontend (KV router) and its workers, found through their own discovery
+    directory. `rollout-serve up` runs the default pool as one; engine/pools.py runs more."""
+
+    def __init__(self, settings: Settings, model_dir: Path, served_model_name: str,
+                 workers: list[WorkerInfo] | None = None):
         self.settings = settings
         self.model_dir = model_dir
         self.served_model_name = served_model_name
         self.run_dir = settings.resolved_state_dir / f"stack-{settings.frontend_port}"
-        self.workers = worker_layout(settings)
+        self.workers = worker_layout(settings) if workers is None else workers
         self.children: list[ChildProcess] = []
+        self.frontend: ChildProcess | None = None
+        self.worker_children: dict[int, ChildProcess] = {}
         self.frontend_url = f"http://127.0.0.1:{settings.frontend_port}"
+        self._env: dict[str, str] = {}
 
     # ---- process specs -------------------------------------------------------------------
 
@@ -110,6 +124,8 @@ class Stack:
             argv += ["--router-session-affinity-ttl-secs", str(self.settings.session_affinity_ttl_s),
                      "--router-session-affinity-mode", "soft"]
         argv += disaggregation.frontend_args(self.settings)
+        if self.settings.kv_tier.enabled:  # the connectors announce tier blocks (engine/kv_tier/events.py)
+            argv += ["--router-host-cache-hit-weight", str(self.settings.kv_tier.router_host_weight)]
         return ProcessSpec("dynamo-frontend", argv, env, self.run_dir / "frontend.log")
 
     def _worker_spec(self, worker: WorkerInfo, env: dict[str, str]) -> ProcessSpec:
@@ -175,7 +191,7 @@ class Stack:
         tier = self.settings.kv_tier
         return kv_transfer_config(TierConnectorConfig(
             tier.master_address, self.served_model_name, tier.nvfp4, BASE_VERSION,
-            str(self.kv_tier_version_file(worker.index))))
+            str(self.kv_tier_version_file(worker.index)), announce=tier.router_host_weight > 0))
 
     def _kv_tier_specs(self) -> list[ProcessSpec]:
         tier = self.settings.kv_tier
@@ -188,18 +204,20 @@ class Stack:
 
     # ---- life cycle ----------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
         discovery_dir = self.run_dir / "discovery"
         shutil.rmtree(discovery_dir, ignore_errors=True)  # stale registrations would confuse the router
         discovery_dir.mkdir(parents=True, exist_ok=True)
-        env = dynamo_env(self.settings, discovery_dir)
+        self._env = dynamo_env(self.settings, discovery_dir)
         log.info("starting Dynamo frontend on :%d (router %s) and %d vLLM worker(s); logs in %s",
                  self.settings.frontend_port, self.settings.router_mode, len(self.workers), self.run_dir)
-        specs = [self._frontend_spec(env)] + [self._worker_spec(w, env) for w in self.workers] + self._kv_tier_specs()
-        for spec in specs:
-            child = ChildProcess(spec)
-            self.children.append(child)
-            child.start()
+        self.frontend = self._launch(self._frontend_spec(self._env))
+        for worker in self.workers:
+            self.worker_children[worker.index] = self._launch(self._worker_spec(worker, self._env))
+        for spec in self._kv_tier_specs():
+            self._launch(spec)
+        if not wait:
+            return
         try:
             self._wait_until_healthy()
             self._settle_nixl_workers()
@@ -207,8 +225,15 @@ class Stack:
             self.stop()
             raise
 
+    def _launch(self, spec: ProcessSpec) -> ChildProcess:
+        child = ChildProcess(spec)
+        self.children.append(child)
+        child.start()
+        return child
+
     def _settle_nixl_workers(self) -> None:
-        for worker, child in zip(self.workers, self.children[1:]):
+        for worker in self.workers:
+            child = self.worker_children[worker.index]
             if worker.role != "aggregated" and child.pid and not has_cuda():
                 disaggregation.settle_nixl_worker_threads(child.pid, int(worker.cpu))
 
@@ -217,6 +242,65 @@ class Stack:
             log.info("stopping %d process(es)", len(self.children))
             stop_all(self.children)
             self.children = []
+            self.worker_children = {}
+            self.frontend = None
+
+    # ---- changes while running (pools: scaling and restarts) ----------------------------
+
+    def add_worker(self, worker: WorkerInfo) -> None:
+        """Starts one more worker; it registers itself with the running frontend."""
+        self.workers.append(worker)
+        self.worker_children[worker.index] = self._launch(self._worker_spec(worker, self._env))
+
+    def remove_worker(self, worker: WorkerInfo) -> None:
+        """Stops a worker (SIGTERM: vLLM finishes nothing new, Dynamo deregisters it)."""
+        self.workers.remove(worker)
+        child = self.worker_children.pop(worker.index)
+        stop_all([child])
+        self.children.remove(child)
+
+    def restart_dead(self) -> list[str]:
+        """Starts again every process of this deployment that exited; returns their names."""
+        restarted = []
+        for i, child in enumerate(self.children):
+            if child.popen is not None and not child.alive():
+                log.warning("%s exited with code %s: restarting it", child.spec.name, child.exit_code())
+                child.signal_group(signal.SIGKILL)  # what it spawned (vLLM's engine core) goes with it
+                fresh = ChildProcess(child.spec)
+                fresh.start()
+                self.children[i] = fresh
+                if child is self.frontend:
+                    self.frontend = fresh
+                for index, worker_child in self.worker_children.items():
+                    if worker_child is child:
+                        self.worker_children[index] = fresh
+                restarted.append(child.spec.name)
+        return restarted
+
+    def frontend_pid(self) -> int | None:
+        return self.frontend.pid if self.frontend else None
+
+    def worker_pids(self) -> list[int | None]:
+        return [self.worker_children[w.index].pid for w in self.workers]
+
+    def serves_a_request(self) -> bool:
+        """A one-token completion through the frontend succeeds: Dynamo lists a model before its router
+        can place requests on the new worker (it answers 503 "not ready" for a moment)."""
+        body = {"model": self.served_model_name, "prompt": [1], "max_tokens": 1}
+        try:
+            return httpx.post(f"{self.frontend_url}/v1/completions", json=body, timeout=30.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def all_alive(self) -> bool:
+        return all(child.alive() for child in self.children)
+
+    def ready_workers(self) -> int:
+        """Workers that answer ready, provided the frontend answers and lists the model (0 otherwise)."""
+        if self.frontend is None or not self.frontend.alive() or not self._frontend_lists_model():
+            return 0
+        return sum(1 for w in self.workers if self.worker_children[w.index].alive()
+                   and worker_health(w.system_port).get("status") == "ready")
 
     def _wait_until_healthy(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
@@ -247,6 +331,14 @@ class Stack:
     def frontend_lists_model_with_all_workers(self) -> bool:
         if not all(worker_health(w.system_port).get("status") == "ready" for w in self.workers):
             return False
+        if not self.workers:  # a serverless pool at zero: the frontend only has to answer
+            try:
+                return httpx.get(f"{self.frontend_url}/v1/models", timeout=2.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+        return self._frontend_lists_model()
+
+    def _frontend_lists_model(self) -> bool:
         try:
             models = httpx.get(f"{self.frontend_url}/v1/models", timeout=2.0).json()
         except (httpx.HTTPError, ValueError):
@@ -265,7 +357,8 @@ class Stack:
     def worker_status(self) -> list[dict]:
         """One row per worker: its process, health, Dynamo instance id and in-flight requests."""
         rows = []
-        for worker, child in zip(self.workers, self.children[1:]):
+        for worker in self.workers:
+            child = self.worker_children[worker.index]
             metrics = worker_metrics(worker.system_port)
             rows.append({
                 "worker": worker.index,

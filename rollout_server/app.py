@@ -25,7 +25,9 @@ from rollout_server.batch_runner import BatchRunner
 from rollout_server.chat import chat_completions
 from rollout_server.completions import completions, generate
 from rollout_server.errors import APIError, install_error_handlers, validation_error
+from engine.pool_config import DEFAULT_POOL
 from rollout_server.generation import ServingContext
+from rollout_server.pool_access import reachable_pools
 from rollout_server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from rollout_server.usage import UsageRecorder, usage_router
 
@@ -41,6 +43,7 @@ class AppState:
     usage: UsageRecorder | None = None
     batches: BatchRunner | None = None
     deployer: object | None = None  # finetune_deploy.executor.Deployer when the stack's workers can be deployed to
+    pools: object | None = None     # engine.pools.PoolSet: the default pool and the declared ones
     started_at: float = 0.0
 
 
@@ -67,13 +70,18 @@ def create_app(state: AppState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.started_at = time.time()
+        if state.pools is not None:
+            await state.pools.check_once()  # deployments in rotation before the first request
         if state.usage is not None:
             state.usage.start()
         if state.batches is not None:
             await state.batches.start()
         if state.deployer is not None:
             await state.deployer.restore()
+        supervisor = asyncio.create_task(state.pools.supervise()) if state.pools is not None else None
         yield
+        if supervisor is not None:
+            supervisor.cancel()
         if state.batches is not None:
             await state.batches.stop()
         await state.ctx.client.close()
@@ -117,15 +125,25 @@ def create_app(state: AppState) -> FastAPI:
         rows = await _worker_rows(state)
         if rows:
             ctx.metrics.update_workers(rows)
+        if state.pools is not None:
+            ctx.metrics.update_pools([pool.describe() for pool in state.pools.pools.values()])
         return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models(who: Principal = Depends(principal)):
+        listed = [(m, m.id) for m in ctx.models.listing()]
+        listed += [(ctx.models.base, f"{ctx.models.base.id}@{pool}") for pool in reachable_pools(who, ctx.pools)]
         return {"object": "list", "data": [{
-            "id": m.id, "object": "model", "created": int(m.created), "owned_by": "rollout-serve",
+            "id": model_id, "object": "model", "created": int(m.created), "owned_by": "rollout-serve",
             "root": m.path or m.id, "parent": m.parent,
             "max_model_len": ctx.max_model_len, "policy_version": m.policy_version,
-        } for m in ctx.models.listing()]}
+        } for m, model_id in listed]}
+
+    @app.get("/v1/pools")
+    async def pools(who: Principal = Depends(principal)):
+        reachable = {DEFAULT_POOL, *reachable_pools(who, ctx.pools)}
+        rows = [p.describe() for name, p in state.pools.pools.items() if name in reachable] if state.pools else []
+        return {"object": "list", "data": rows}
 
     @app.get("/v1/status")
     async def status(who: Principal = Depends(principal)):
@@ -136,7 +154,8 @@ def create_app(state: AppState) -> FastAPI:
                 "adapters": {name: m.policy_version for name, m in ctx.models.adapters.items()},
                 "requests_in_flight": ctx.metrics.requests_in_flight(),
                 "cache_hit_rate": ctx.metrics.cache_hit_rate(), "uptime_s": time.time() - state.started_at,
-                "open_mode": state.auth.open_mode}
+                "open_mode": state.auth.open_mode,
+                "pools": [p.describe() for p in state.pools.pools.values()] if state.pools else []}
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request, who: Principal = Depends(principal)):

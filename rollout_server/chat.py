@@ -125,7 +125,7 @@ def _finish_choice(tool_plan: ToolPlan | None):
 
 
 async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, session_header: str | None, who: Principal):
-    ctx.models.resolve(req.model)
+    ctx.route(req.model, who)
     session_id = session_id_for(session_header, req.user)
     tool_plan = await plan_tools(ctx, req)
     engine_request = build_engine_request(ctx, req, session_id, tool_plan)

@@ -62,18 +62,28 @@ def _interrupt(signum, frame):
 def cmd_up(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engine.disaggregation import describe_workers
+    from engine.disaggregation import describe_workers, is_disaggregated
+    from engine.pool_config import PoolFileError, load_pools
+    from engine.pools import PoolSet
     from engine.stack import Stack, StackStartError
     from rollout_server.app import create_app
     from rollout_server.server import FrontDoorServer, build_app_state, resolve_model
 
     settings = settings_from_args(args)
+    try:
+        declared = load_pools(settings.pools_file) if settings.pools_file else []
+    except PoolFileError as exc:
+        log.error("%s", exc)
+        return 2
     model_dir, model_name = resolve_model(settings)
     stack = Stack(settings, model_dir, model_name)
+    pools = PoolSet.build(settings, stack, declared, current_model_dir=lambda: model_dir,
+                    restart_default=settings.restart_dead_workers and not is_disaggregated(settings))
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during start-up stops like Ctrl-C: children first
     try:
         stack.start()
-        app = create_app(build_app_state(settings, model_dir, model_name, stack))
+        pools.start()
+        app = create_app(build_app_state(settings, model_dir, model_name, stack, pools))
         log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %s)", settings.host, settings.port,
                  model_name, describe_workers(settings))
         config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
@@ -85,6 +95,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.info("interrupted")
     finally:
+        pools.stop()
         stack.stop()
     return 0
 
@@ -147,6 +158,34 @@ def cmd_status(args: argparse.Namespace) -> int:
               f"{w.get('policy_version', '-'):>7}  {w['instance_id'] or '-'}")
     for name, version in status.get("adapters", {}).items():
         print(f"adapter {name}: policy version {version}")
+    if len(status.get("pools", [])) > 1:
+        print()
+        _print_pools(status["pools"])
+    return 0
+
+
+def _print_pools(pools: list[dict]) -> None:
+    print(f"{'pool':<16}  {'kind':<10}  {'owner':<12}  {'workers':>7}  {'ready':>5}  {'min-max':>7}  {'in flight':>9}  "
+          f"{'failovers':>9}  deployments (healthy)")
+    for p in pools:
+        deployments = ", ".join(f"{d['name']} ({'yes' if d['healthy'] else 'NO'})" for d in p["deployments"])
+        print(f"{p['name']:<16}  {p['kind']:<10}  {p['team'] or '-':<12}  {p['workers']:>7}  {p['ready_workers']:>5}  "
+              f"{str(p['min_workers']) + '-' + str(p['max_workers']):>7}  {p['in_flight']:>9}  {p['failovers']:>9}  "
+              f"{deployments}")
+
+
+def cmd_pools(args: argparse.Namespace) -> int:
+    import httpx
+
+    try:
+        answer = httpx.get(f"{args.url}/v1/pools", headers=_client_headers(args), timeout=10)
+    except httpx.HTTPError as exc:
+        print(f"cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    if answer.status_code != 200:
+        print(answer.json().get("error", {}).get("message", answer.text), file=sys.stderr)
+        return 1
+    _print_pools(answer.json()["data"])
     return 0
 
 
@@ -197,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--cache-dir", help="cache directory (default: ROLLOUT_SERVE_CACHE_DIR or ~/.cache/rollout-serve)")
     tiny.set_defaults(func=cmd_model_tiny)
 
-    for name, func, text in (("chat", cmd_chat, "stream a chat answer"), ("status", cmd_status, "workers, load, cache hit rate")):
+    for name, func, text in (("chat", cmd_chat, "stream a chat answer"), ("status", cmd_status, "workers, load, cache hit rate"),
+                             ("pools", cmd_pools, "capacity pools: kind, owner, size, load, deployment health")):
         p = sub.add_parser(name, help=text)
         if name == "chat":
             p.add_argument("model", help="model id (see GET /v1/models)")

@@ -28,7 +28,7 @@ def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
 
 
 async def completions(ctx: ServingContext, req: CompletionRequest, session_header: str | None, who: Principal):
-    ctx.models.resolve(req.model)
+    ctx.route(req.model, who)
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this model", param="suffix")
     if req.echo and req.logprobs is not None:
@@ -111,7 +111,7 @@ async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Gener
 
 async def generate(ctx: ServingContext, req: GenerateRequest, session_header: str | None, who: Principal):
     """vLLM's token-in/token-out route, in the shape verifiers' train mode reads."""
-    ctx.models.resolve(req.model)
+    ctx.route(req.model, who)
     if req.stream:
         raise bad_request("streaming is not supported on /inference/v1/generate", param="stream")
     params = req.sampling_params

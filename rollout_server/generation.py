@@ -13,20 +13,25 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
 import msgspec
 
-from engine.frontend_client import ChoiceDelta, DynamoFrontendClient, EngineChunk, EngineRequest, SampledToken
+from engine.frontend_client import ChoiceDelta, EngineChunk, EngineRequest, SampledToken
+from engine.pool_config import DEFAULT_POOL, PoolConfig
 from rollout_server.auth import Principal
 from rollout_server.errors import bad_request, unavailable
 from rollout_server.metrics import Metrics
+from rollout_server.pool_access import Route, route
 from rollout_server.protocol import SamplingFields
 from rollout_server.quotas import RateLimiter
 from rollout_server.served_models import ModelTable, ServedModel
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tool_calls import GrammarCache, ToolCallFormat
+
+if TYPE_CHECKING:
+    from engine.routing import PoolRouter
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +87,7 @@ class ServingContext:
 
     settings: Settings
     tokenizer: ModelTokenizer
-    client: DynamoFrontendClient
+    client: "PoolRouter"                          # engine/routing.py: a request -> a healthy deployment of its pool
     metrics: Metrics
     models: ModelTable                            # the base model, LoRA adapters, each worker's policy version
     max_model_len: int
@@ -90,10 +95,16 @@ class ServingContext:
     tool_format: ToolCallFormat | None = None     # from the chat template; None: the model cannot call tools
     grammars: GrammarCache = field(default_factory=GrammarCache)
     limiter: RateLimiter | None = None            # per-key requests/min and tokens/min
+    pools: dict[str, PoolConfig] = field(  # name -> config, the default pool included
+        default_factory=lambda: {DEFAULT_POOL: PoolConfig(name=DEFAULT_POOL, kind="shared")})
 
     @property
     def model_name(self) -> str:
         return self.models.base.id
+
+    def route(self, model_field: str, who: Principal) -> Route:
+        """The served model and pool a request's `model` names (404 unknown, 403 another team's pool)."""
+        return route(model_field, who, self.pools, self.models)
 
 
 def session_id_for(header: str | None, user: str | None) -> str:
@@ -135,7 +146,9 @@ class Generation:
         self.request_body = request_body
         self.on_choice_finished = on_choice_finished
         self.choices: dict[int, ChoiceResult] = {}
-        self.served: ServedModel = ctx.models.resolve(engine_request.model)
+        served_by = ctx.route(engine_request.model, who)
+        engine_request.model, engine_request.pool = served_by.model, served_by.pool
+        self.served: ServedModel = ctx.models.resolve(served_by.model)
         self.worker_id: str | None = None
         self.policy_version = self.served.policy_version  # until the serving worker is known
         self.usage = None
@@ -257,12 +270,12 @@ class Generation:
             created_at=self.created_at,
             ttft_s=(self._first_token_at - self._start) if self._first_token_at else None,
             inter_token_s=self._inter_token, total_s=time.monotonic() - self._start,
-            request_body=self.request_body, key_prefix=self.who.key_prefix,
+            request_body=self.request_body, key_prefix=self.who.key_prefix, pool=self.req.pool,
         )
 
     def response_headers(self) -> dict[str, str]:
         headers = {"x-request-id": self.req.request_id, "x-policy-version": str(self.policy_version),
-                   "x-session-id": self.req.session_id or ""}
+                   "x-session-id": self.req.session_id or "", "x-pool": self.req.pool}
         if self.worker_id:
             headers["x-worker-id"] = self.worker_id
         return headers

@@ -35,6 +35,14 @@ class Metrics:
         self.worker_inflight = Gauge("rollout_worker_inflight_requests", "In-flight requests per worker (Dynamo's count)",
                                      ["worker", "instance_id"], registry=r)
         self.worker_healthy = Gauge("rollout_worker_healthy", "1 if the worker answers its health check", ["worker"], registry=r)
+        self.pool_workers = Gauge("rollout_pool_workers", "Workers per pool (started, ready)", ["pool", "state"], registry=r)
+        self.pool_in_flight = Gauge("rollout_pool_requests_in_flight", "Requests in flight per pool", ["pool"], registry=r)
+        self.pool_failovers = Gauge("rollout_pool_failovers", "Requests moved to another deployment after a "
+                                    "refusal before output, since start", ["pool"], registry=r)
+        self.pool_cold_starts = Gauge("rollout_pool_cold_starts", "Scale-ups from zero workers, since start",
+                                      ["pool"], registry=r)
+        self.deployment_healthy = Gauge("rollout_deployment_healthy", "1 if the deployment (Dynamo frontend + "
+                                        "workers) is in rotation", ["pool", "deployment"], registry=r)
 
     def request_started(self, endpoint: str) -> None:
         self.in_flight.labels(endpoint).inc()
@@ -65,6 +73,17 @@ class Metrics:
             worker = str(row["worker"])
             self.worker_healthy.labels(worker).set(1.0 if row["healthy"] else 0.0)
             self.worker_inflight.labels(worker, row.get("instance_id") or "").set(row.get("inflight_requests", 0.0))
+
+    def update_pools(self, pools: list[dict]) -> None:
+        for pool in pools:
+            name = pool["name"]
+            self.pool_workers.labels(name, "started").set(pool["workers"])
+            self.pool_workers.labels(name, "ready").set(pool["ready_workers"])
+            self.pool_in_flight.labels(name).set(pool["in_flight"])
+            self.pool_failovers.labels(name).set(pool["failovers"])
+            self.pool_cold_starts.labels(name).set(pool["cold_starts"])
+            for deployment in pool["deployments"]:
+                self.deployment_healthy.labels(name, deployment["name"]).set(1.0 if deployment["healthy"] else 0.0)
 
     def requests_in_flight(self) -> float:
         return sum(gauge._value.get() for gauge in self.in_flight._metrics.values())

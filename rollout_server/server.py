@@ -11,7 +11,8 @@ from pathlib import Path
 
 import uvicorn
 
-from engine.frontend_client import DynamoFrontendClient
+from engine.pools import PoolSet
+from engine.routing import PoolRouter
 from engine.worker_control import WorkerHandle
 from finetune_deploy.executor import Deployer
 from finetune_deploy.registry import BASE_VERSION, CheckpointRegistry, RegistryError
@@ -82,7 +83,7 @@ def batch_runner(settings: Settings, ctx: ServingContext) -> BatchRunner:
     return runner
 
 
-def deployer_for(settings: Settings, database, model_dir: Path, model_name: str, stack) -> Deployer:
+def deployer_for(settings: Settings, database, model_dir: Path, model_name: str, stack, pools: PoolSet) -> Deployer:
     """The pool's registry (base model = version 0) and the deployer that moves the stack's workers."""
     registry = CheckpointRegistry(database)
     try:
@@ -93,7 +94,7 @@ def deployer_for(settings: Settings, database, model_dir: Path, model_name: str,
     models = ModelTable(model_name, BASE_VERSION, str(model_dir))
 
     async def list_workers() -> list[WorkerHandle]:
-        return await asyncio.to_thread(stack.worker_handles)
+        return await asyncio.to_thread(pools.worker_handles)  # every pool serves the same policy
 
     async def key_host_tier_by(worker: WorkerHandle, version: int) -> None:
         await asyncio.to_thread(stack.set_kv_tier_policy_version, version, [worker.index])
@@ -102,18 +103,18 @@ def deployer_for(settings: Settings, database, model_dir: Path, model_name: str,
     return Deployer(registry, models, list_workers, settings.deploy, reset_host_tier)
 
 
-def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack) -> AppState:
+def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack, pools: PoolSet) -> AppState:
     tokenizer = ModelTokenizer(model_dir)
     database = open_database(settings.resolved_database_url)
-    deployer = deployer_for(settings, database, model_dir, model_name, stack)
+    deployer = deployer_for(settings, database, model_dir, model_name, stack, pools)
+    pools.current_model_dir = lambda: Path(deployer.models.base.path or model_dir)
     ctx = ServingContext(
-        settings=settings, tokenizer=tokenizer,
-        client=DynamoFrontendClient(stack.frontend_url, settings.request_timeout_s),
+        settings=settings, tokenizer=tokenizer, client=PoolRouter(pools),
         metrics=Metrics(), models=deployer.models, max_model_len=model_context_window(model_dir, settings),
-        tool_format=tool_format_of(tokenizer),
+        tool_format=tool_format_of(tokenizer), pools={name: p.config for name, p in pools.pools.items()},
     )
     auth = Authenticator(KeyStore(database, settings.admin_key))
-    state = AppState(ctx=ctx, auth=auth, stack=stack, deployer=deployer)
+    state = AppState(ctx=ctx, auth=auth, stack=stack, deployer=deployer, pools=pools)
     ctx.limiter = RateLimiter(KeyLimitStore(database, settings.quotas).limits_for)
     ctx.on_finish.append(ctx.limiter.on_finish)
     if settings.usage.enabled:

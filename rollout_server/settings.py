@@ -79,6 +79,15 @@ class Settings(BaseSettings):
         description="how long a prefill worker keeps a request's KV for its decode worker to read (vLLM's "
                     "kv_lease_duration; its 30 s default expires on a loaded CPU machine and the decode worker "
                     "then reads freed blocks)")
+    # Capacity pools (engine/pools.py, docs/pools.md) and failover.
+    pools_file: Path | None = Field(None, description="TOML file declaring serverless and reserved pools (see "
+                                                      "docs/pools.md); the stack's own workers are the default pool")
+    pool_base_port: int = Field(21000, lt=32768 - 40, description="first port of the pools' deployments (40 ports "
+                                                                  "each; Dynamo's system ports must be below 32768)")
+    pool_check_interval_s: float = Field(1.0, gt=0, description="how often every deployment's health is checked "
+                                                                "(unhealthy: out of rotation)")
+    restart_dead_workers: bool = Field(True, description="start again a worker or frontend process that died "
+                                                         "(not for disaggregated workers)")
     enable_lora: bool = Field(True, description="let workers load LoRA adapters at run time (rollout-serve deploy --as lora)")
     max_lora_rank: int = Field(64, ge=1, description="largest LoRA rank a worker accepts")
     max_loras: int = Field(4, ge=1, description="LoRA adapters a worker keeps loaded at once")
@@ -112,6 +121,9 @@ class Settings(BaseSettings):
             raise ValueError("prefill_workers and decode_workers go together: set both (disaggregated) or neither")
         if self.prefill_workers and self.disagg_local_max_uncached_tokens and self.router_mode != "kv":
             raise ValueError("conditional disaggregation (disagg_local_max_uncached_tokens > 0) needs router_mode kv")
+        if self.pools_file and self.discovery_backend != "file":
+            raise ValueError("pools_file needs discovery_backend file: each deployment finds its workers through "
+                             "its own discovery directory")
         return self
 
     @property

@@ -101,6 +101,14 @@ def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = 
     return stack
 
 
+def create_key(database_url: str, team: str) -> str:
+    """A new API key for `team`, made with `rollout-serve keys create` as an operator would."""
+    done = subprocess.run([sys.executable, "-m", "rollout_server.cli", "keys", "create", "--team", team,
+                           "--database-url", database_url], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
 def wait_until_answering(url: str, process: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
     """Polls `url` until it answers 200; fails early, with the log's tail, if the process exits."""
     deadline = time.monotonic() + timeout_s

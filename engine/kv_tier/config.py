@@ -21,6 +21,7 @@ class TierConnectorConfig:
     nvfp4: bool = True
     policy_version: int = 0  # used while policy_version_file does not exist
     policy_version_file: str | None = None  # the live-update hook (engine/kv_tier/policy.py)
+    announce: bool = True  # tell the router what the tier holds (engine/kv_tier/events.py)
 
     @classmethod
     def from_extra(cls, extra: dict) -> TierConnectorConfig:
@@ -28,7 +29,8 @@ class TierConnectorConfig:
         if missing:
             raise ValueError(f"{CONNECTOR_CLASS} needs kv_connector_extra_config fields {missing}")
         return cls(str(extra["master"]), str(extra["model_id"]), bool(extra.get("nvfp4", True)),
-                   int(extra.get("policy_version", 0)), extra.get("policy_version_file"))
+                   int(extra.get("policy_version", 0)), extra.get("policy_version_file"),
+                   bool(extra.get("announce", True)))
 
     @property
     def version_path(self) -> Path | None:

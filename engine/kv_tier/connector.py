@@ -22,6 +22,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from engine.kv_tier.config import TierConnectorConfig
+from engine.kv_tier.events import TierEvents
 from engine.kv_tier.keys import KeyScheme, rank_key
 from engine.kv_tier.plan import TierMetadata, TierPlanner
 from engine.kv_tier.policy import PolicyVersion
@@ -50,10 +51,13 @@ class KvTierConnector(KVConnectorBase_V1):
         tp_size = vllm_config.parallel_config.tensor_parallel_size
         self.planner: TierPlanner | None = None
         self.mover: BlockMover | None = None
+        self.events: TierEvents | None = None
         if role == KVConnectorRole.SCHEDULER:
             version = PolicyVersion(self.config.version_path, self.config.policy_version)
+            self.events = TierEvents(self.block_size, version) if self.config.announce else None
             self.planner = TierPlanner(store, self.block_size, version, self._key_scheme,
-                                       exists_key=lambda key: rank_key(key, 0, tp_size))
+                                       exists_key=lambda key: rank_key(key, 0, tp_size),
+                                       on_stored=self.events.stored if self.events else None)
             store.client()  # connect at engine start (fails loudly there), not on the first request
         else:
             from vllm.distributed import get_tensor_model_parallel_rank
@@ -85,6 +89,9 @@ class KvTierConnector(KVConnectorBase_V1):
 
     def request_finished(self, request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return self.planner.finished(request, block_ids), None
+
+    def take_events(self):
+        return self.events.take() if self.events else ()
 
     # ---- worker side --------------------------------------------------------------------------
 

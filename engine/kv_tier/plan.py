@@ -47,12 +47,14 @@ class _Lookup:
 
 class TierPlanner:
     def __init__(self, store: TierStore, block_size: int, version: PolicyVersion,
-                 scheme_for: Callable[[object, int], KeyScheme], exists_key: Callable[[str], str] = lambda k: k):
+                 scheme_for: Callable[[object, int], KeyScheme], exists_key: Callable[[str], str] = lambda k: k,
+                 on_stored: Callable[[object, int], None] | None = None):
         self.store = store
         self.block_size = block_size
         self.version = version
         self.scheme_for = scheme_for  # (request, policy version) -> KeyScheme
         self.exists_key = exists_key  # the key a lookup checks (tensor-parallel rank 0's)
+        self.on_stored = on_stored    # (request, full blocks): they are in the tier (engine/kv_tier/events.py)
         self._admitted_version: dict[str, int] = {}
         self._lookups: dict[str, _Lookup] = {}
         self._pending = TierMetadata()
@@ -93,6 +95,8 @@ class TierPlanner:
         keys = self.scheme_for(request, version).block_keys(list(request.all_token_ids[: full_blocks * self.block_size]))
         present = self.store.exists([self.exists_key(k) for k in keys])
         missing = [i for i, there in enumerate(present) if there is False]
+        if self.on_stored and all(there is not None for there in present):
+            self.on_stored(request, full_blocks)  # there already, or saved now
         if not missing:
             return False
         self._pending.saves.append(BlockTransfer(request.request_id, [block_ids[i] for i in missing],

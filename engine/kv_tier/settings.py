@@ -9,6 +9,10 @@ class KvTierSettings(pydantic.BaseModel):
     enabled: bool = pydantic.Field(False, description="run the Mooncake KV tier and give workers its connector")
     capacity_gib: float = pydantic.Field(4.0, gt=0, description="host DRAM held by the tier (Mooncake segment), GiB")
     nvfp4: bool = pydantic.Field(True, description="store blocks NVFP4-compressed; false: the cache dtype as is (lossless)")
+    router_host_weight: float = pydantic.Field(
+        0.5, ge=0.0, le=1.0,
+        description="Dynamo router credit for a prefix held in the tier, relative to one on the worker's own cache "
+                    "(--router-host-cache-hit-weight); 0: the router ignores the tier")
     port_base: int = pydantic.Field(
         20580, ge=1, le=65533,
         description="mooncake_master RPC port; base + 1: its metrics/health port; base + 2: the segment holder's port")

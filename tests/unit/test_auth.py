@@ -1,12 +1,12 @@
 """API keys: hashed at rest, mapped to teams, open local mode only while no key exists."""
 
-import subprocess
-import sys
-
 import pytest
 from fastapi.testclient import TestClient
 
 from engine.frontend_client import DynamoFrontendClient
+from engine.pool_config import PoolConfig
+from engine.pools import Deployment, Pool, PoolSet
+from engine.routing import PoolRouter
 from rollout_server.app import AppState, create_app
 from rollout_server.auth import Authenticator, KeyStore, open_database
 from rollout_server.generation import ServingContext
@@ -15,7 +15,7 @@ from rollout_server.served_models import ModelTable
 from rollout_server.settings import Settings
 from rollout_server.tiny_model import ensure_tiny_model
 from rollout_server.tokenizer import ModelTokenizer
-from tests.stack_harness import CACHE_DIR, REPO, free_port_block
+from tests.stack_harness import CACHE_DIR, create_key, free_port_block
 
 
 @pytest.fixture(scope="module")
@@ -26,23 +26,18 @@ def model_dir():
 def make_app(model_dir, database_url: str) -> TestClient:
     settings = Settings(database_url=database_url)
     nowhere = f"http://127.0.0.1:{free_port_block(1)}"  # no engine listens here: requests must fail cleanly
-    ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=DynamoFrontendClient(nowhere, 10),
+    pool = Pool(PoolConfig(name="default", kind="shared"), [Deployment("default/0", None, DynamoFrontendClient(nowhere, 10), 1)])
+    client = PoolRouter(PoolSet(settings, [pool]), retry_delay_s=0.01)
+    ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=client,
                          metrics=Metrics(), models=ModelTable("tiny-qwen2", 0, str(model_dir)), max_model_len=32768)
     auth = Authenticator(KeyStore(open_database(database_url)))
     return TestClient(create_app(AppState(ctx=ctx, auth=auth)))
 
 
-def create_key_with_cli(database_url: str, team: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "rollout_server.cli", "keys", "create", "--team", team,
-                           "--database-url", database_url], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
 def test_keys_map_to_teams_and_are_stored_hashed(tmp_path, model_dir):
     db = tmp_path / "keys.db"
     url = f"sqlite:///{db}"
-    key = create_key_with_cli(url, "team-a")
+    key = create_key(url, "team-a")
     assert key.startswith("rs-") and key.encode() not in db.read_bytes()
     app = make_app(model_dir, url)
 

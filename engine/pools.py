@@ -1,0 +1,272 @@
+"""Capacity pools at run time: their Dynamo deployments, health, restarts and the serverless autoscaler.
+
+A pool (engine/pool_config.py) runs one or more deployments; a deployment is one `Stack` (a Dynamo
+frontend with its own workers and discovery directory). The supervisor checks every deployment once a
+`check_interval_s`: a deployment with no ready worker is out of rotation until it is healthy again,
+a process that died is started again, and a serverless pool gets a worker when a request waits at zero
+or its workers are busy, and loses one after `idle_s` without requests. The autoscaler is the policy;
+starting and stopping real Dynamo vLLM workers is the mechanism.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from engine.frontend_client import DynamoFrontendClient
+from engine.pool_config import DEFAULT_POOL, PoolConfig, pool_ports
+from engine.stack import Stack, WorkerInfo, aggregated_worker
+from engine.worker_control import WorkerHandle
+from rollout_server.errors import unavailable
+from rollout_server.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MISSED_CHECKS_TOLERATED = 2  # a deployment whose processes all run leaves rotation after 3 failed checks
+
+
+@dataclass
+class Deployment:
+    name: str                     # "<pool>/<i>"
+    stack: Stack
+    client: DynamoFrontendClient
+    ready_workers: int = 0        # from the last health check; 0 = out of rotation
+    failed_checks: int = 0        # consecutive checks that found no ready worker while every process ran
+
+    @property
+    def healthy(self) -> bool:
+        return self.ready_workers > 0
+
+
+@dataclass
+class Pool:
+    config: PoolConfig
+    deployments: list[Deployment]
+    in_flight: int = 0
+    waiting: int = 0                                   # requests waiting for a cold start
+    last_active: float = field(default_factory=time.monotonic)
+    failovers: int = 0                                 # requests moved to another deployment
+    cold_starts: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def serving(self) -> list[Deployment]:
+        return [d for d in self.deployments if d.healthy]
+
+    def workers(self) -> int:
+        return sum(len(d.stack.workers) for d in self.deployments)
+
+    def ready_workers(self) -> int:
+        return sum(d.ready_workers for d in self.deployments)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.config.kind, "team": self.config.team,
+                "workers": self.workers(), "ready_workers": self.ready_workers(),
+                "min_workers": self.config.min_workers if self.config.kind == "serverless" else self.workers(),
+                "max_workers": self.config.max_workers if self.config.kind == "serverless" else self.workers(),
+                "in_flight": self.in_flight, "waiting": self.waiting, "failovers": self.failovers,
+                "cold_starts": self.cold_starts,
+                "deployments": [{"name": d.name, "url": d.client.base_url, "healthy": d.healthy,
+                                 "ready_workers": d.ready_workers, "frontend_pid": d.stack.frontend_pid(),
+                                 "worker_pids": d.stack.worker_pids()} for d in self.deployments]}
+
+
+class PoolSet:
+    """Every pool of the front door: the default pool (the stack `up` started) and the declared ones."""
+
+    def __init__(self, settings: Settings, pools: list[Pool], current_model_dir: Callable[[], Path] | None = None,
+                 restart_default: bool = True):
+        self.settings = settings
+        self.pools: dict[str, Pool] = {pool.name: pool for pool in pools}
+        self.current_model_dir = current_model_dir
+        self.restart_default = restart_default
+        self.closing = False  # set at shutdown: nothing is restarted any more
+        self._next_core = 0
+        self._wake = asyncio.Event()
+
+    @classmethod
+    def build(cls, settings: Settings, default_stack: Stack, declared: list[PoolConfig],
+              current_model_dir: Callable[[], Path], restart_default: bool = True) -> PoolSet:
+        """The default pool around `default_stack`, and a stack per deployment of each declared pool."""
+        pools = cls(settings, [], current_model_dir, restart_default)
+        pools._next_core = len(default_stack.workers)
+        default = PoolConfig(name=DEFAULT_POOL, kind="shared", workers=max(1, len(default_stack.workers)))
+        pools.add(Pool(default, [pools._deployment(f"{DEFAULT_POOL}/0", default_stack)]))
+        block = 0
+        for config in declared:
+            deployments = []
+            for i in range(config.deployments):
+                stack = pools._pool_stack(config, block, default_stack)
+                deployments.append(pools._deployment(f"{config.name}/{i}", stack))
+                block += 1
+            pools.add(Pool(config, deployments))
+        return pools
+
+    def add(self, pool: Pool) -> None:
+        self.pools[pool.name] = pool
+
+    def _deployment(self, name: str, stack: Stack) -> Deployment:
+        return Deployment(name, stack, DynamoFrontendClient(stack.frontend_url, self.settings.request_timeout_s))
+
+    def _pool_stack(self, config: PoolConfig, block: int, default_stack: Stack) -> Stack:
+        settings = self.settings.model_copy(update={
+            **pool_ports(self.settings.pool_base_port, block), "prefill_workers": 0, "decode_workers": 0,
+            "kv_tier": self.settings.kv_tier.model_copy(update={"enabled": False})})
+        workers = [self._new_worker(settings, i) for i in range(config.initial_workers)]
+        return Stack(settings, default_stack.model_dir, default_stack.served_model_name, workers)
+
+    def _new_worker(self, settings: Settings, index: int) -> WorkerInfo:
+        worker = aggregated_worker(settings, index, self._next_core)
+        self._next_core += 1
+        return worker
+
+    def declared(self) -> list[Pool]:
+        return [p for name, p in self.pools.items() if name != DEFAULT_POOL]
+
+    # ---- start and stop ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Starts every declared deployment and waits until each serves (a serverless one at zero: until
+        its frontend answers)."""
+        stacks = [d.stack for p in self.declared() for d in p.deployments]
+        for stack in stacks:
+            stack.start(wait=False)
+        try:
+            for stack in stacks:
+                stack._wait_until_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        for pool in self.declared():
+            log.info("pool %s (%s%s): %d deployment(s), %d worker(s)", pool.name, pool.config.kind,
+                     f", team {pool.config.team}" if pool.config.team else "", len(pool.deployments), pool.workers())
+
+    def stop(self) -> None:
+        for pool in self.declared():
+            for deployment in pool.deployments:
+                deployment.stack.stop()
+
+    async def close(self) -> None:
+        self.closing = True
+        for pool in self.pools.values():
+            for deployment in pool.deployments:
+                await deployment.client.close()
+
+    # ---- requests -----------------------------------------------------------------------------
+
+    async def pick(self, pool: Pool, session_id: str | None, avoid: set[str]) -> Deployment:
+        """A healthy deployment for a request: the same one for a session while it stays healthy (its KV is
+        there), another when `avoid` names the one that just refused it. At zero, waits for a cold start."""
+        serving = pool.serving()
+        if not serving and pool.config.kind == "serverless":
+            serving = await self._cold_start(pool)
+        if not serving:  # none passed its last check: try them anyway, a refusal is retried and then a 503
+            serving = pool.deployments
+        fresh = [d for d in serving if d.name not in avoid] or serving
+        return fresh[hash(session_id or "") % len(fresh)]
+
+    def refused(self, deployment: Deployment) -> None:
+        """A deployment refused a request before any output: check its health now, not at the next tick."""
+        log.info("deployment %s refused a request: checking its health", deployment.name)
+        self._wake.set()
+
+    async def _cold_start(self, pool: Pool) -> list[Deployment]:
+        pool.waiting += 1
+        self._wake.set()
+        started = time.monotonic()
+        next_report = started + 10.0
+        try:
+            while not pool.serving():
+                waited = time.monotonic() - started
+                if waited > pool.config.cold_start_timeout_s:
+                    raise unavailable(f"pool {pool.name} is starting a worker (cold start) and it was not ready "
+                                      f"after {waited:.0f} s; retry shortly")
+                if time.monotonic() > next_report:
+                    log.info("pool %s: a request has waited %.0f s for a cold start", pool.name, waited)
+                    next_report += 10.0
+                await asyncio.sleep(0.25)
+        finally:
+            pool.waiting -= 1
+        return pool.serving()
+
+    # ---- the supervisor ---------------------------------------------------------------------
+
+    async def supervise(self) -> None:
+        """Runs for the life of the front door: health, restarts, scaling."""
+        while True:
+            try:
+                await self.check_once()
+            except Exception:
+                log.exception("pool supervisor check failed")
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.settings.pool_check_interval_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def check_once(self) -> None:
+        for pool in self.pools.values():
+            for deployment in pool.deployments:
+                await self._check_deployment(pool, deployment)
+            if pool.config.kind == "serverless":
+                await self._autoscale(pool)
+
+    async def _check_deployment(self, pool: Pool, deployment: Deployment) -> None:
+        stack = deployment.stack
+        restarts = self.settings.restart_dead_workers and (pool.name != DEFAULT_POOL or self.restart_default)
+        if restarts and not self.closing:
+            stack.model_dir = self.current_model_dir() if self.current_model_dir else stack.model_dir
+            await asyncio.to_thread(stack.restart_dead)
+        was_healthy = deployment.healthy
+        ready = await asyncio.to_thread(stack.ready_workers)
+        if not ready and was_healthy and stack.all_alive() and deployment.failed_checks < MISSED_CHECKS_TOLERATED:
+            deployment.failed_checks += 1  # a health probe that timed out on a loaded machine is not a death
+            return
+        deployment.failed_checks = 0
+        if ready and not was_healthy and not await asyncio.to_thread(stack.serves_a_request):
+            ready = 0  # listed and ready, but Dynamo cannot place a request yet: next check
+        deployment.ready_workers = ready
+        if was_healthy and not deployment.healthy:
+            log.warning("deployment %s is unhealthy: drained, out of rotation", deployment.name)
+        elif deployment.healthy and not was_healthy:
+            log.info("deployment %s is healthy: in rotation (%d ready worker(s))", deployment.name,
+                     deployment.ready_workers)
+
+    async def _autoscale(self, pool: Pool) -> None:
+        deployment = pool.deployments[0]
+        stack, config = deployment.stack, pool.config
+        workers, ready = len(stack.workers), deployment.ready_workers
+        starting = workers > ready
+        busy = ready and pool.in_flight / ready > config.scale_up_in_flight
+        if workers < config.max_workers and not starting and ((pool.waiting and workers == 0) or busy):
+            worker = self._new_worker(stack.settings, _free_index(stack))
+            log.info("pool %s: scaling up to %d worker(s) (%s)", pool.name, workers + 1,
+                     "cold start" if workers == 0 else f"{pool.in_flight} requests in flight")
+            stack.model_dir = self.current_model_dir() if self.current_model_dir else stack.model_dir
+            await asyncio.to_thread(stack.add_worker, worker)
+            pool.cold_starts += workers == 0
+            return
+        idle_for = time.monotonic() - pool.last_active
+        if workers > config.min_workers and pool.in_flight == 0 and not pool.waiting and idle_for > config.idle_s:
+            log.info("pool %s: idle for %.0f s, scaling down to %d worker(s)", pool.name, idle_for, workers - 1)
+            deployment.ready_workers = min(deployment.ready_workers, workers - 1)  # no new request goes to it
+            await asyncio.to_thread(stack.remove_worker, stack.workers[-1])
+            deployment.ready_workers = await asyncio.to_thread(stack.ready_workers)
+            pool.last_active = time.monotonic()  # the next worker goes after another idle period
+
+    # ---- introspection --------------------------------------------------------------------------
+
+    def worker_handles(self) -> list[WorkerHandle]:
+        """Every worker of every pool, for deploys: a new policy version reaches all of them."""
+        return [handle for pool in self.pools.values() for d in pool.deployments for handle in d.stack.worker_handles()]
+
+
+def _free_index(stack: Stack) -> int:
+    used = {w.index for w in stack.workers}
+    return next(i for i in range(len(used) + 1) if i not in used)

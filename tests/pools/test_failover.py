@@ -1,0 +1,71 @@
+"""Failover on the real stack: a pool with two deployments (a Dynamo frontend and a vLLM worker each).
+
+SIGKILL of a worker under concurrent load loses no request that had not started streaming (the front
+door sends it to the other deployment) and ends the started streams on the dead worker with a clean,
+retryable error event; killing a whole deployment moves its traffic to the other; a dead deployment is
+out of rotation until it is restarted and healthy again."""
+
+import os
+import signal
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.pools.pool_stack import (MODEL, StreamRecord, completed, kill_worker_under_load, pools, start_pool_stack,
+                                   stream, wait_for)
+
+POOLS = """
+[pools.ha]
+kind = "shared"
+deployments = 2
+workers = 1
+"""
+HA = f"{MODEL}@ha"
+
+
+@pytest.fixture(scope="module")
+def ha_stack(tmp_path_factory):
+    stack, _ = start_pool_stack(tmp_path_factory.mktemp("failover"), POOLS, deployments=2)
+    yield stack
+    stack.stop()
+
+
+def deployment(stack, name: str) -> dict:
+    return {d["name"]: d for d in pools(stack.url)["ha"]["deployments"]}[name]
+
+
+def test_killing_a_worker_under_load_loses_no_request_that_had_not_started(ha_stack):
+    wait_for(lambda: all(d["healthy"] for d in pools(ha_stack.url)["ha"]["deployments"]), 120, "both deployments up")
+    victim = deployment(ha_stack, "ha/0")["worker_pids"][0]
+    outcome = kill_worker_under_load(ha_stack.url, HA, victim)
+    assert not outcome.lost, f"requests that had not streamed a token were lost: {outcome.lost}"
+    assert outcome.cut, "no stream was on the killed worker: the test did not exercise a kill"
+    for record in outcome.cut:          # a clean, retryable end: an error event, then [DONE]
+        assert record.error["code"] == "service_unavailable" and record.done, record
+        assert record.tokens < 300
+    assert pools(ha_stack.url)["ha"]["failovers"] >= 1
+
+    wait_for(lambda: not deployment(ha_stack, "ha/0")["healthy"] or deployment(ha_stack, "ha/0")["worker_pids"][0]
+             != victim, 30, "ha/0 out of rotation or restarted")
+    wait_for(lambda: deployment(ha_stack, "ha/0")["healthy"], 180, "ha/0 restarted and back in rotation")
+    assert deployment(ha_stack, "ha/0")["worker_pids"][0] != victim
+
+
+def test_killing_a_whole_deployment_moves_its_traffic_to_the_other(ha_stack):
+    wait_for(lambda: all(d["healthy"] for d in pools(ha_stack.url)["ha"]["deployments"]), 180, "both deployments up")
+    victim = deployment(ha_stack, "ha/1")
+    before = pools(ha_stack.url)["ha"]["failovers"]
+    for pid in [victim["frontend_pid"], *victim["worker_pids"]]:
+        os.killpg(pid, signal.SIGKILL)
+
+    records = [StreamRecord() for _ in range(10)]
+    with ThreadPoolExecutor(len(records)) as threads:
+        for future in [threads.submit(stream, ha_stack.url, HA, f"after-{i}", 20, r) for i, r in enumerate(records)]:
+            future.result(timeout=300)
+    assert all(completed(r) for r in records), [vars(r) for r in records if not completed(r)]
+    assert pools(ha_stack.url)["ha"]["failovers"] > before or not deployment(ha_stack, "ha/1")["healthy"]
+
+    metrics = httpx.get(f"{ha_stack.url}/metrics", timeout=30).text
+    assert 'rollout_deployment_healthy{deployment="ha/0",pool="ha"} 1.0' in metrics
+    wait_for(lambda: deployment(ha_stack, "ha/1")["healthy"], 180, "ha/1 restarted and back in rotation")

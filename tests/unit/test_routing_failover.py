@@ -1,0 +1,182 @@
+"""Failover in the front door (engine/routing.py): a request refused before any output is sent again,
+to another deployment of its pool when there is one; a stream that already produced tokens never is.
+Dynamo's frontends are httpx MockTransport test doubles here (the deployments have no stack, and no
+supervisor runs); the real cases (a worker or a whole
+deployment killed under load) are in tests/pools and tests/disagg."""
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from engine.frontend_client import DynamoFrontendClient, EngineRequest
+from engine.pool_config import PoolConfig
+from engine.pools import Deployment, Pool, PoolSet
+from engine.routing import PoolRouter
+from rollout_server.errors import APIError
+from rollout_server.settings import Settings
+
+TOKEN = {"choices": [{"index": 0, "text": "a", "finish_reason": "length",
+                      "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5], "top_logprobs": [{}]}}]}
+REFUSED = (503, {"message": "Service temporarily unavailable"})
+
+
+def sse(*payloads: dict, done: bool = True) -> bytes:
+    return b"".join(f"data: {json.dumps(p)}\n\n".encode() for p in payloads) + (b"data: [DONE]\n\n" if done else b"")
+
+
+def request(session: str = "s1") -> EngineRequest:
+    return EngineRequest(model="tiny", request_id="r1", prompt_token_ids=[1, 2, 3], max_tokens=1, sampling={},
+                         session_id=session, pool="p")
+
+
+class FakeDynamoFrontend:
+    """Test double: answers each POST with the next scripted (status, body) and counts the calls."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.calls = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        status, body = self.answers.pop(0)
+        if isinstance(body, Exception):
+            raise body
+        if status == 200:
+            return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+        return httpx.Response(status, json=body)
+
+
+def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1) -> Deployment:
+    client = DynamoFrontendClient(f"http://{name}")
+    client.http = httpx.AsyncClient(base_url=f"http://{name}", transport=httpx.MockTransport(fake))
+    return Deployment(name, stack=None, client=client, ready_workers=ready)
+
+
+def run(pool: Pool, req: EngineRequest | None = None, retries: int = 3, during=None, between=None) -> list:
+    """Sends `req` (a list: one after the other, `between(i)` before the i-th) through a PoolRouter."""
+    requests = req if isinstance(req, list) else [req or request()]
+
+    async def go():
+        router = PoolRouter(PoolSet(Settings(), [pool]), retries=retries, retry_delay_s=0.01)
+        side = asyncio.create_task(during()) if during else None
+        try:
+            chunks = []
+            for i, one in enumerate(requests):
+                if between:
+                    between(i)
+                chunks += [chunk async for chunk in router.stream(one)]
+            return chunks
+        finally:
+            if side:
+                side.cancel()
+            await router.close()
+
+    return asyncio.run(go())
+
+
+def one_deployment_pool(fake: FakeDynamoFrontend, kind: str = "shared", **config) -> Pool:
+    return Pool(PoolConfig(name="p", kind=kind, **config), [deployment("p/0", fake)])
+
+
+def token_ids(chunks) -> list[int]:
+    return [t.token_id for c in chunks for d in c.deltas for t in d.tokens]
+
+
+def test_a_refusal_before_output_is_sent_again():
+    fake = FakeDynamoFrontend(REFUSED, REFUSED, (200, sse(TOKEN)))
+    assert token_ids(run(one_deployment_pool(fake))) == [7]
+    assert fake.calls == 3
+
+
+def test_refusals_past_the_retry_budget_reach_the_client_as_503():
+    fake = FakeDynamoFrontend(REFUSED, REFUSED, REFUSED)
+    with pytest.raises(APIError) as refused:
+        run(one_deployment_pool(fake), retries=2)
+    assert fake.calls == 3 and refused.value.status == 503 and refused.value.code == "service_unavailable"
+
+
+def test_a_connection_that_was_never_made_is_tried_again():
+    fake = FakeDynamoFrontend((0, httpx.ConnectTimeout("busy")), (0, httpx.ConnectError("refused")), (200, sse(TOKEN)))
+    assert len(run(one_deployment_pool(fake))) == 1 and fake.calls == 3
+
+
+def test_a_worker_that_dies_before_its_first_token_is_retried():
+    fake = FakeDynamoFrontend((200, sse({"error": "worker died"})), (200, b""), (200, sse(TOKEN)))
+    assert token_ids(run(one_deployment_pool(fake))) == [7]
+    assert fake.calls == 3
+
+
+def test_a_bad_request_is_not_retried():
+    fake = FakeDynamoFrontend((400, {"message": "no"}), (200, sse(TOKEN)))
+    with pytest.raises(APIError) as refused:
+        run(one_deployment_pool(fake))
+    assert fake.calls == 1 and refused.value.status == 400
+
+
+@pytest.mark.parametrize("status", [404, 500])
+def test_a_deployment_that_lost_its_workers_or_failed_before_output_is_retried(status):
+    # Dynamo answers 404 for a model whose last worker went away: another deployment may still serve it.
+    fake = FakeDynamoFrontend((status, {"message": "model not found"}), (200, sse(TOKEN)))
+    assert token_ids(run(one_deployment_pool(fake))) == [7] and fake.calls == 2
+
+
+@pytest.mark.parametrize("broken", [sse(TOKEN, {"error": "worker died"}), sse(TOKEN, done=False)])
+def test_a_stream_that_fails_after_output_is_not_sent_again(broken):
+    fake = FakeDynamoFrontend((200, broken), (200, sse(TOKEN)))
+    with pytest.raises(APIError) as failed:
+        run(one_deployment_pool(fake))
+    assert fake.calls == 1 and failed.value.status == 503
+
+
+def test_a_refused_request_fails_over_to_the_other_deployment_at_once():
+    down, up = FakeDynamoFrontend(REFUSED), FakeDynamoFrontend((200, sse(TOKEN)))
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", down), deployment("p/1", up)])
+    # Both look healthy; whichever the session hashes to first, the request ends on p/1.
+    sessions = [s for s in (f"s{i}" for i in range(50)) if hash(s) % 2 == 0]
+    started = time.monotonic()
+    assert token_ids(run(pool, request(sessions[0]))) == [7]
+    assert time.monotonic() - started < 0.5, "failover must not wait"
+    assert (down.calls, up.calls, pool.failovers) == (1, 1, 1)
+    assert pool.in_flight == 0
+
+
+def test_a_session_stays_on_one_deployment_and_unhealthy_ones_get_nothing():
+    fakes = [FakeDynamoFrontend(*[(200, sse(TOKEN))] * 4) for _ in range(2)]
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", fakes[0]), deployment("p/1", fakes[1])])
+    calls_after_two = []
+
+    def between(i):
+        if i == 2:
+            calls_after_two.extend(f.calls for f in fakes)
+            pool.deployments[0].ready_workers = 0   # p/0 fails its health check
+
+    run(pool, [request("one-session"), request("one-session"), request("one-session"), request("another-session")],
+        between=between)
+    assert sorted(calls_after_two) == [0, 2]
+    assert fakes[1].calls == 4 - calls_after_two[0] and fakes[0].calls == calls_after_two[0]
+
+
+def test_a_serverless_pool_at_zero_holds_the_request_until_its_worker_is_ready():
+    fake = FakeDynamoFrontend((200, sse(TOKEN)))
+    pool = Pool(PoolConfig(name="p", kind="serverless", min_workers=0, max_workers=1),
+                [deployment("p/0", fake, ready=0)])
+
+    async def worker_becomes_ready():
+        while not pool.waiting:      # the supervisor sees a waiting request and starts a worker
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        pool.deployments[0].ready_workers = 1
+
+    assert token_ids(run(pool, during=worker_becomes_ready)) == [7]
+    assert pool.waiting == 0 and fake.calls == 1
+
+
+def test_a_cold_start_that_takes_too_long_is_a_503_naming_the_pool():
+    pool = Pool(PoolConfig(name="p", kind="serverless", cold_start_timeout_s=0.3),
+                [deployment("p/0", FakeDynamoFrontend(), ready=0)])
+    with pytest.raises(APIError) as late:
+        run(pool)
+    assert late.value.status == 503 and "pool p" in late.value.message and pool.waiting == 0
