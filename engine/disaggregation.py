@@ -19,6 +19,7 @@ import json
 import os
 from typing import Literal
 
+from engine import nixl_progress
 from rollout_server.settings import Settings
 
 Role = Literal["aggregated", "prefill", "decode"]
@@ -70,16 +71,20 @@ def worker_args(role: Role, settings: Settings) -> list[str]:
     return ["--disaggregation-mode", role, "--kv-transfer-config", nixl_transfer_config(settings)]
 
 
-def worker_env(role: Role, nixl_port: int | None) -> dict[str, str]:
-    """NIXL's handshake (side channel) and UCX stay on loopback; one side-channel port per worker."""
+def worker_env(role: Role, nixl_port: int | None, progress_thread: bool = True) -> dict[str, str]:
+    """NIXL's handshake (side channel) and UCX stay on loopback; one side-channel port per worker.
+    Without `progress_thread`, NIXL agents run without their busy-polling thread (engine/nixl_progress.py)."""
     if role == "aggregated" or nixl_port is None:
         return {}
-    return {
+    env = {
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(nixl_port),
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "VLLM_HOST_IP": "127.0.0.1",
         "UCX_NET_DEVICES": "lo",
     }
+    if not progress_thread:
+        env[nixl_progress.SWITCH] = "off"
+    return env
 
 
 def prefill_budget_args(settings: Settings) -> list[str]:

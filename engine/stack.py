@@ -155,7 +155,8 @@ class Stack:
             "VLLM_CACHE_ROOT": str(self.settings.cache_dir / "vllm"),
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
-            **disaggregation.worker_env(worker.role, worker.nixl_port),
+            **disaggregation.worker_env(worker.role, worker.nixl_port,
+                                        progress_thread=has_cuda() or self.settings.nixl_progress_thread),
         }
         if self.settings.enable_lora:
             worker_env["DYN_LORA_ENABLED"] = "true"  # Dynamo's loader for file:// adapter URIs

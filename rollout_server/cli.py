@@ -210,6 +210,19 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys_limit(args: argparse.Namespace) -> int:
+    from rollout_server.auth import open_database
+    from rollout_server.quotas import KeyLimitStore
+
+    settings = settings_from_args(args)
+    KeyLimitStore(open_database(settings.resolved_database_url)).set(args.prefix, args.requests_per_min,
+                                                                     args.tokens_per_min)
+    print(f"key {args.prefix}: {args.requests_per_min or 'default'} requests/min, "
+          f"{args.tokens_per_min or 'default'} tokens/min (a running server applies it within "
+          f"{settings.quotas.limits_cache_s:.0f} s)")
+    return 0
+
+
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
     count = _key_store(args).revoke(args.prefix)
     print(f"revoked {count} key(s)")
@@ -269,7 +282,12 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = keys.add_parser("revoke", help="revoke keys by prefix")
     revoke.add_argument("prefix")
     revoke.set_defaults(func=cmd_keys_revoke)
-    for p in (create, listing, revoke):
+    limit = keys.add_parser("limit", help="set a key's rate limits (429 with Retry-After beyond them)")
+    limit.add_argument("prefix", help="the key's prefix (rollout-serve keys list), its first 10 characters")
+    limit.add_argument("--requests-per-min", type=int, help="requests per minute (unset: the server default; 0: none)")
+    limit.add_argument("--tokens-per-min", type=int, help="prompt + completion tokens per minute (unset: default; 0: none)")
+    limit.set_defaults(func=cmd_keys_limit)
+    for p in (create, listing, revoke, limit):
         p.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the state directory)")
         p.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
         p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)

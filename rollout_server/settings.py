@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     prefill_budget_tokens: int = Field(PREFILL_BUDGET_TOKENS, ge=256,
                                        description="per-step prefill token budget of prefill workers (longer prompts "
                                                    "are prefilled in chunks of this size)")
+    nixl_progress_thread: bool = Field(
+        False, description="CPU workers: keep NIXL's UCX progress thread (it busy-polls the worker's core; "
+                           "without it UCX progresses whenever vLLM checks a transfer). GPU workers always keep it")
     disagg_kv_lease_s: int = Field(
         300, ge=10,
         description="how long a prefill worker keeps a request's KV for its decode worker to read (vLLM's "

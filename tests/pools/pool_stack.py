@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -12,18 +14,24 @@ from pathlib import Path
 
 import httpx
 
-from tests.stack_harness import create_key, free_port_block, start_stack
+from tests.stack_harness import REPO, create_key, free_port_block, start_stack
 
 MODEL = "tiny-qwen2"
 
 
-def start_pool_stack(tmp: Path, pools_toml: str, deployments: int, teams: tuple[str, ...] = (), **kwargs):
-    """A stack whose pools file is `pools_toml`; returns it and a key per team (open mode without teams)."""
+def start_pool_stack(tmp: Path, pools_toml: str, deployments: int, teams: tuple[str, ...] = (),
+                     limits: dict[str, tuple[str, ...]] | None = None, **kwargs):
+    """A stack whose pools file is `pools_toml`; returns it and a key per team (open mode without teams).
+    `limits`: team -> `rollout-serve keys limit` options for its key."""
     tmp.mkdir(parents=True, exist_ok=True)
     pools_file = tmp / "pools.toml"
     pools_file.write_text(pools_toml)
     database_url = f"sqlite:///{tmp / 'keys.db'}"
     keys = {team: create_key(database_url, team) for team in teams}
+    for team, options in (limits or {}).items():
+        done = subprocess.run([sys.executable, "-m", "rollout_server.cli", "keys", "limit", keys[team][:10], *options,
+                               "--database-url", database_url], cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
     pool_ports = free_port_block(40 * deployments, start=31000)  # Dynamo wants its system ports below 32768
     args = ["--pools-file", str(pools_file), "--pool-base-port", str(pool_ports)]
     if teams:
@@ -36,10 +44,10 @@ def auth(key: str | None) -> dict:
 
 
 def chat(url: str, model: str, key: str | None = None, max_tokens: int = 4, session: str | None = None,
-         timeout: float = 300) -> httpx.Response:
+         content: str = "hi", timeout: float = 300) -> httpx.Response:
     headers = {**auth(key), **({"X-Session-ID": session} if session else {})}
     return httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=timeout,
-                      json={"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens})
+                      json={"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens})
 
 
 def pools(url: str, key: str | None = None) -> dict[str, dict]:

@@ -44,7 +44,8 @@ def test_killing_a_worker_under_load_loses_no_request_that_had_not_started(ha_st
     for record in outcome.cut:          # a clean, retryable end: an error event, then [DONE]
         assert record.error["code"] == "service_unavailable" and record.done, record
         assert record.tokens < 300
-    assert pools(ha_stack.url)["ha"]["failovers"] >= 1
+    # Whether a request was refused by ha/0 and failed over, or arrived after the supervisor had drained
+    # ha/0, depends on timing: both are fine, losing it is not (unit tests cover the refusal path).
 
     wait_for(lambda: not deployment(ha_stack, "ha/0")["healthy"] or deployment(ha_stack, "ha/0")["worker_pids"][0]
              != victim, 30, "ha/0 out of rotation or restarted")

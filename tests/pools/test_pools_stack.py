@@ -1,6 +1,7 @@
 """Reserved and serverless pools on the real stack: a reserved pool serves only its team (403 for the
 others), a serverless pool starts a real Dynamo vLLM worker when a request arrives at zero and stops
-it when idle, and usage is recorded per pool."""
+it when idle; usage is recorded per pool and equals what the responses reported; a key's rate limit
+answers 429 with Retry-After."""
 
 import subprocess
 import sys
@@ -30,7 +31,8 @@ cold_start_timeout_s = 300
 @pytest.fixture(scope="module")
 def pool_stack(tmp_path_factory):
     stack, keys = start_pool_stack(tmp_path_factory.mktemp("pools"), POOLS, deployments=2,
-                                   teams=("team-a", "team-b", "ops"),
+                                   teams=("team-a", "team-b", "metered", "limited"),
+                                   limits={"limited": ("--requests-per-min", "3")},
                                    extra_env={"ROLLOUT_SERVE_USAGE__FLUSH_EVERY_S": "0.5"})
     yield stack, keys
     stack.stop()
@@ -70,6 +72,39 @@ def test_usage_is_recorded_per_pool(pool_stack):
                        "team-a's requests in the usage table")
     assert set(by_pool) == {"team-a"}   # every request of team-a ran on its reserved pool
     assert by_pool["team-a"]["completion_tokens"] >= reported
+
+
+def usage_of(url: str, key: str) -> dict:
+    rows = httpx.get(f"{url}/v1/usage", headers=auth(key), timeout=30).json()["data"]
+    return {field: sum(row[field] for row in rows) for field in
+            ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")}
+
+
+def test_usage_totals_equal_the_sum_of_what_the_responses_reported(pool_stack):
+    stack, keys = pool_stack
+    question = "a long question about the build, " * 10   # over two KV blocks: turns 2-4 hit the prefix cache
+    served = [chat(stack.url, MODEL, keys["metered"], max_tokens=n, session="metered", content=question)
+              for n in (3, 5, 8, 2)]
+    assert all(r.status_code == 200 for r in served)
+    reported = {"requests": len(served),
+                "prompt_tokens": sum(r.json()["usage"]["prompt_tokens"] for r in served),
+                "cached_tokens": sum(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for r in served),
+                "completion_tokens": sum(r.json()["usage"]["completion_tokens"] for r in served)}
+    assert reported["cached_tokens"] > 0, "the session's repeated prompt should hit the prefix cache"
+    recorded = wait_for(lambda: (u := usage_of(stack.url, keys["metered"]))["requests"] >= 4 and u, 30,
+                        "the metered key's requests in the usage table")
+    assert recorded == reported
+
+
+def test_a_key_over_its_rate_limit_gets_429_with_retry_after(pool_stack):
+    stack, keys = pool_stack
+    answers = [chat(stack.url, MODEL, keys["limited"]) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    refused = answers[-1]
+    assert 0 < int(refused.headers["retry-after"]) <= 60
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    recorded = wait_for(lambda: (u := usage_of(stack.url, keys["limited"]))["requests"] >= 3 and u, 30, "usage")
+    assert recorded["requests"] == 3, "a refused request must not count as served"
 
 
 def test_a_serverless_pool_scales_from_zero_on_demand_and_back_to_zero_when_idle(pool_stack):

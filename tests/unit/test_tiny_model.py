@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.tool_schemas import TOOL_SUITE
 from rollout_server.tiny_model import ensure_tiny_model
-from rollout_server.tiny_model_training import TrainingRecipe, arguments_for, encode, random_conversation
+from rollout_server.tiny_model_training import TrainingRecipe, encode, random_conversation
 from rollout_server.tool_calls import format_by_name
 from rollout_server.tool_calls.structural_tag import without_string_length_bounds
 from tests.stack_harness import CACHE_DIR
