@@ -139,7 +139,7 @@ class PoolSet:
             stack.start(wait=False)
         try:
             for stack in stacks:
-                stack._wait_until_healthy()
+                stack.wait_until_healthy()
         except BaseException:
             self.stop()
             raise

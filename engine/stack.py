@@ -220,7 +220,7 @@ class Stack:
         if not wait:
             return
         try:
-            self._wait_until_healthy()
+            self.wait_until_healthy()
             self._settle_nixl_workers()
         except BaseException:
             self.stop()
@@ -261,21 +261,23 @@ class Stack:
         self.children.remove(child)
 
     def restart_dead(self) -> list[str]:
-        """Starts again every process of this deployment that exited; returns their names."""
+        """Starts again every process of this deployment that exited (a worker with `model_dir`, which the
+        pool sets to the weights it serves now); returns their names."""
         restarted = []
         for i, child in enumerate(self.children):
-            if child.popen is not None and not child.alive():
-                log.warning("%s exited with code %s: restarting it", child.spec.name, child.exit_code())
-                child.signal_group(signal.SIGKILL)  # what it spawned (vLLM's engine core) goes with it
-                fresh = ChildProcess(child.spec)
-                fresh.start()
-                self.children[i] = fresh
-                if child is self.frontend:
-                    self.frontend = fresh
-                for index, worker_child in self.worker_children.items():
-                    if worker_child is child:
-                        self.worker_children[index] = fresh
-                restarted.append(child.spec.name)
+            if child.popen is None or child.alive():
+                continue
+            log.warning("%s exited with code %s: restarting it", child.spec.name, child.exit_code())
+            child.signal_group(signal.SIGKILL)  # what it spawned (vLLM's engine core) goes with it
+            worker = next((w for w in self.workers if self.worker_children.get(w.index) is child), None)
+            fresh = ChildProcess(self._worker_spec(worker, self._env) if worker else child.spec)
+            fresh.start()
+            self.children[i] = fresh
+            if child is self.frontend:
+                self.frontend = fresh
+            if worker:
+                self.worker_children[worker.index] = fresh
+            restarted.append(child.spec.name)
         return restarted
 
     def frontend_pid(self) -> int | None:
@@ -303,7 +305,7 @@ class Stack:
         return sum(1 for w in self.workers if self.worker_children[w.index].alive()
                    and worker_health(w.system_port).get("status") == "ready")
 
-    def _wait_until_healthy(self) -> None:
+    def wait_until_healthy(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s
         pending = {f"worker-{w.index}" for w in self.workers} | {"frontend"}
         if self.settings.kv_tier.enabled:
