@@ -187,6 +187,11 @@ class PoolSet:
                 if waited > pool.config.cold_start_timeout_s:
                     raise unavailable(f"pool {pool.name} is starting a worker (cold start) and it was not ready "
                                       f"after {waited:.0f} s; retry shortly")
+                crashed = [d.stack.crashed_worker() for d in pool.deployments if d.stack.crashed_worker()]
+                if crashed:  # no point waiting out the timeout: the supervisor restarts it, the client retries
+                    log.error("pool %s: the worker starting for a request exited: %s", pool.name, crashed[0])
+                    raise unavailable(f"pool {pool.name}: the worker it was starting exited during start-up "
+                                      f"({crashed[0]}) after {waited:.0f} s; retry shortly")
                 if time.monotonic() > next_report:
                     log.info("pool %s: a request has waited %.0f s for a cold start", pool.name, waited)
                     next_report += 10.0

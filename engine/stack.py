@@ -280,6 +280,13 @@ class Stack:
             restarted.append(child.spec.name)
         return restarted
 
+    def crashed_worker(self) -> str | None:
+        """A worker process that exited (not stopped by us: those leave `worker_children`), described."""
+        for child in self.worker_children.values():
+            if child.popen is not None and not child.alive():
+                return f"{child.spec.name} exit code {child.exit_code()}"
+        return None
+
     def frontend_pid(self) -> int | None:
         return self.frontend.pid if self.frontend else None
 

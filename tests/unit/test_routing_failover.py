@@ -1,7 +1,7 @@
 """Failover in the front door (engine/routing.py): a request refused before any output is sent again,
 to another deployment of its pool when there is one; a stream that already produced tokens never is.
-Dynamo's frontends are httpx MockTransport test doubles here (the deployments have no stack, and no
-supervisor runs); the real cases (a worker or a whole
+Dynamo's frontends are httpx MockTransport test doubles here (the deployments' stacks are test doubles
+too, and no supervisor runs); the real cases (a worker or a whole
 deployment killed under load) are in tests/pools and tests/disagg."""
 
 import asyncio
@@ -49,10 +49,17 @@ class FakeDynamoFrontend:
         return httpx.Response(status, json=body)
 
 
+class StackDouble:
+    """Test double for a deployment's Stack: no process of it has crashed."""
+
+    def crashed_worker(self) -> None:
+        return None
+
+
 def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1) -> Deployment:
     client = DynamoFrontendClient(f"http://{name}")
     client.http = httpx.AsyncClient(base_url=f"http://{name}", transport=httpx.MockTransport(fake))
-    return Deployment(name, stack=None, client=client, ready_workers=ready)
+    return Deployment(name, stack=StackDouble(), client=client, ready_workers=ready)
 
 
 def run(pool: Pool, req: EngineRequest | None = None, retries: int = 3, during=None, between=None) -> list:
@@ -180,3 +187,20 @@ def test_a_cold_start_that_takes_too_long_is_a_503_naming_the_pool():
     with pytest.raises(APIError) as late:
         run(pool)
     assert late.value.status == 503 and "pool p" in late.value.message and pool.waiting == 0
+
+
+class CrashingStackDouble:
+    """Test double for a deployment's Stack whose starting worker has exited."""
+
+    def crashed_worker(self) -> str:
+        return "vllm-aggregated-worker-0 exit code 1"
+
+
+def test_a_cold_start_whose_worker_crashes_fails_at_once_naming_it():
+    pool = Pool(PoolConfig(name="p", kind="serverless", cold_start_timeout_s=60),
+                [Deployment("p/0", CrashingStackDouble(), DynamoFrontendClient("http://p0"), ready_workers=0)])
+    started = time.monotonic()
+    with pytest.raises(APIError) as crashed:
+        run(pool)
+    assert time.monotonic() - started < 5, "it waited for the cold-start timeout"
+    assert crashed.value.status == 503 and "exit code 1" in crashed.value.message and pool.waiting == 0
