@@ -10,7 +10,6 @@ worker; `x-dynamo-session-id` binds a session to the worker holding its KV.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator
@@ -19,8 +18,6 @@ import httpx
 import msgspec
 
 from rollout_server.errors import APIError, bad_request, unavailable
-
-log = logging.getLogger(__name__)
 
 _TOKEN_ID_PREFIX = "token_id:"
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from engine.disaggregation import is_disaggregated
 from engine.frontend_client import DynamoFrontendClient
 from engine.pool_config import DEFAULT_POOL, PoolConfig, pool_ports
 from engine.stack import Stack, WorkerInfo, aggregated_worker
@@ -80,21 +81,20 @@ class Pool:
 class PoolSet:
     """Every pool of the front door: the default pool (the stack `up` started) and the declared ones."""
 
-    def __init__(self, settings: Settings, pools: list[Pool], current_model_dir: Callable[[], Path] | None = None,
-                 restart_default: bool = True):
+    def __init__(self, settings: Settings, pools: list[Pool]):
         self.settings = settings
         self.pools: dict[str, Pool] = {pool.name: pool for pool in pools}
-        self.current_model_dir = current_model_dir
-        self.restart_default = restart_default
+        # The checkpoint the pools serve now (set by the front door from its deploy registry): a worker
+        # started or restarted later loads it.
+        self.current_model_dir: Callable[[], Path] | None = None
         self.closing = False  # set at shutdown: nothing is restarted any more
         self._next_core = 0
         self._wake = asyncio.Event()
 
     @classmethod
-    def build(cls, settings: Settings, default_stack: Stack, declared: list[PoolConfig],
-              current_model_dir: Callable[[], Path], restart_default: bool = True) -> PoolSet:
+    def build(cls, settings: Settings, default_stack: Stack, declared: list[PoolConfig]) -> PoolSet:
         """The default pool around `default_stack`, and a stack per deployment of each declared pool."""
-        pools = cls(settings, [], current_model_dir, restart_default)
+        pools = cls(settings, [])
         pools._next_core = len(default_stack.workers)
         default = PoolConfig(name=DEFAULT_POOL, kind="shared", workers=max(1, len(default_stack.workers)))
         pools.add(Pool(default, [pools._deployment(f"{DEFAULT_POOL}/0", default_stack)]))
@@ -187,11 +187,11 @@ class PoolSet:
                 if waited > pool.config.cold_start_timeout_s:
                     raise unavailable(f"pool {pool.name} is starting a worker (cold start) and it was not ready "
                                       f"after {waited:.0f} s; retry shortly")
-                crashed = [d.stack.crashed_worker() for d in pool.deployments if d.stack.crashed_worker()]
+                crashed = next(filter(None, (d.stack.crashed_worker() for d in pool.deployments)), None)
                 if crashed:  # no point waiting out the timeout: the supervisor restarts it, the client retries
-                    log.error("pool %s: the worker starting for a request exited: %s", pool.name, crashed[0])
+                    log.error("pool %s: the worker starting for a request exited: %s", pool.name, crashed)
                     raise unavailable(f"pool {pool.name}: the worker it was starting exited during start-up "
-                                      f"({crashed[0]}) after {waited:.0f} s; retry shortly")
+                                      f"({crashed}) after {waited:.0f} s; retry shortly")
                 if time.monotonic() > next_report:
                     log.info("pool %s: a request has waited %.0f s for a cold start", pool.name, waited)
                     next_report += 10.0
@@ -224,9 +224,10 @@ class PoolSet:
 
     async def _check_deployment(self, pool: Pool, deployment: Deployment) -> None:
         stack = deployment.stack
-        restarts = self.settings.restart_dead_workers and (pool.name != DEFAULT_POOL or self.restart_default)
-        if restarts and not self.closing:
-            stack.model_dir = self.current_model_dir() if self.current_model_dir else stack.model_dir
+        # Disaggregated workers are not restarted: a NIXL worker needs its threads settled after start-up.
+        nixl_workers = pool.name == DEFAULT_POOL and is_disaggregated(self.settings)
+        if self.settings.restart_dead_workers and not nixl_workers and not self.closing:
+            self._follow_served_weights(stack)
             await asyncio.to_thread(stack.restart_dead)
         was_healthy = deployment.healthy
         ready = await asyncio.to_thread(stack.ready_workers)
@@ -253,7 +254,7 @@ class PoolSet:
             worker = self._new_worker(stack.settings, _free_index(stack))
             log.info("pool %s: scaling up to %d worker(s) (%s)", pool.name, workers + 1,
                      "cold start" if workers == 0 else f"{pool.in_flight} requests in flight")
-            stack.model_dir = self.current_model_dir() if self.current_model_dir else stack.model_dir
+            self._follow_served_weights(stack)
             await asyncio.to_thread(stack.add_worker, worker)
             pool.cold_starts += workers == 0
             return
@@ -264,6 +265,10 @@ class PoolSet:
             await asyncio.to_thread(stack.remove_worker, stack.workers[-1])
             deployment.ready_workers = await asyncio.to_thread(stack.ready_workers)
             pool.last_active = time.monotonic()  # the next worker goes after another idle period
+
+    def _follow_served_weights(self, stack: Stack) -> None:
+        if self.current_model_dir:
+            stack.model_dir = self.current_model_dir()
 
     # ---- introspection --------------------------------------------------------------------------
 

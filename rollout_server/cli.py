@@ -62,7 +62,7 @@ def _interrupt(signum, frame):
 def cmd_up(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from engine.disaggregation import describe_workers, is_disaggregated
+    from engine.disaggregation import describe_workers
     from engine.pool_config import PoolFileError, load_pools
     from engine.pools import PoolSet
     from engine.stack import Stack, StackStartError
@@ -77,8 +77,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 2
     model_dir, model_name = resolve_model(settings)
     stack = Stack(settings, model_dir, model_name)
-    pools = PoolSet.build(settings, stack, declared, current_model_dir=lambda: model_dir,
-                    restart_default=settings.restart_dead_workers and not is_disaggregated(settings))
+    pools = PoolSet.build(settings, stack, declared)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during start-up stops like Ctrl-C: children first
     try:
         stack.start()
