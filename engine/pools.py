@@ -216,9 +216,9 @@ class PoolSet:
                 pass
 
     async def check_once(self) -> None:
+        # All deployments at once: on a loaded machine one slow health probe must not delay noticing a death.
+        await asyncio.gather(*(self._check_deployment(pool, d) for pool in self.pools.values() for d in pool.deployments))
         for pool in self.pools.values():
-            for deployment in pool.deployments:
-                await self._check_deployment(pool, deployment)
             if pool.config.kind == "serverless":
                 await self._autoscale(pool)
 
@@ -226,10 +226,14 @@ class PoolSet:
         stack = deployment.stack
         # Disaggregated workers are not restarted: a NIXL worker needs its threads settled after start-up.
         nixl_workers = pool.name == DEFAULT_POOL and is_disaggregated(self.settings)
+        was_healthy = deployment.healthy
         if self.settings.restart_dead_workers and not nixl_workers and not self.closing:
             self._follow_served_weights(stack)
-            await asyncio.to_thread(stack.restart_dead)
-        was_healthy = deployment.healthy
+            if await asyncio.to_thread(stack.restart_dead):  # out of rotation until it passes a check again
+                deployment.ready_workers = deployment.failed_checks = 0
+                if was_healthy:
+                    log.warning("deployment %s lost a process: drained, out of rotation", deployment.name)
+                return
         ready = await asyncio.to_thread(stack.ready_workers)
         if not ready and was_healthy and stack.all_alive() and deployment.failed_checks < MISSED_CHECKS_TOLERATED:
             deployment.failed_checks += 1  # a health probe that timed out on a loaded machine is not a death

@@ -43,7 +43,7 @@ def test_killing_a_worker_under_load_loses_no_request_that_had_not_started(ha_st
     assert outcome.cut, "no stream was on the killed worker: the test did not exercise a kill"
     for record in outcome.cut:          # a clean, retryable end: an error event, then [DONE]
         assert record.error["code"] == "service_unavailable" and record.done, record
-        assert record.tokens < 300
+        assert record.tokens < 3000
     # Whether a request was refused by ha/0 and failed over, or arrived after the supervisor had drained
     # ha/0, depends on timing: both are fine, losing it is not (unit tests cover the refusal path).
 
