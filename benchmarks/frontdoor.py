@@ -39,10 +39,17 @@ MODEL = "tiny-qwen2"
 
 # ---- load ---------------------------------------------------------------------------------
 
-async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int, model: str) -> dict:
+async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int, model: str,
+                      stream: bool = True) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+            "stream": stream}
     start = time.perf_counter()
+    if not stream:
+        resp = await http.post(f"{url}/v1/completions", json=body)
+        resp.raise_for_status()
+        latency = time.perf_counter() - start
+        return {"latency": latency, "ttft": latency, "tokens": resp.json()["usage"]["completion_tokens"]}
+    body["stream_options"] = {"include_usage": True}
     first = None
     tokens = 0
     async with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
@@ -58,7 +65,8 @@ async def one_request(http: httpx.AsyncClient, url: str, prompt: list[int], max_
     return {"latency": time.perf_counter() - start, "ttft": (first or time.perf_counter()) - start, "tokens": tokens}
 
 
-async def run_load(url: str, model: str, requests: int, concurrency: int, prompt_len: int, max_tokens: int) -> dict:
+async def run_load(url: str, model: str, requests: int, concurrency: int, prompt_len: int, max_tokens: int,
+                   stream: bool) -> dict:
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 4000) for _ in range(prompt_len)] for _ in range(requests)]
     queue = list(prompts)
@@ -68,7 +76,7 @@ async def run_load(url: str, model: str, requests: int, concurrency: int, prompt
 
         async def worker():
             while queue:
-                results.append(await one_request(http, url, queue.pop(), max_tokens, model))
+                results.append(await one_request(http, url, queue.pop(), max_tokens, model, stream))
 
         start = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -148,6 +156,56 @@ async def run_sessions(url: str, sessions: int, turns: int, first_words: int, wo
     }
 
 
+def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[bool, ...], rounds: int,
+                     load: dict) -> dict:
+    """Plain vLLM, Dynamo's frontend and the front door (one worker each), side by side, for each load in
+    `streams` (True: streamed responses, False: whole responses). `interval`: the stream interval of streamed
+    responses on both sides (vLLM --stream-interval; rollout-serve's stream_interval setting)."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    port = free_port_block(1, start=41000)
+    vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log", ("--stream-interval", str(interval)))
+    stack = start_stack(tmp / "agg", workers=1, extra_args=["--stream-interval", str(interval)])
+    targets = {"direct": f"http://127.0.0.1:{port}", "dynamo": stack.frontend_url, "front": stack.url}
+    figures = {}
+    try:
+        for stream in streams:
+            kind = f"streamed, stream interval {interval}" if stream else "whole responses (stream=false)"
+            print(f"== 1. overhead, {kind}: plain vLLM vs Dynamo vs rollout-serve (1 worker), same load, {rounds} "
+                  "interleaved rounds (medians)", flush=True)
+            runs: dict[str, list[dict]] = {name: [] for name in targets}
+            for round_ in range(rounds):  # all servers stay up; the order rotates to cancel drift
+                order = list(targets)[round_ % 3:] + list(targets)[:round_ % 3]
+                for name in order:
+                    runs[name].append(asyncio.run(run_load(targets[name], MODEL, **load, stream=stream)))
+            suffix = ("_streamed" if interval == 1 else f"_streamed_interval_{interval}") if stream else "_unstreamed"
+            figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs).items()})
+    finally:
+        stack.stop()
+        stop_group(vllm)
+    return figures
+
+
+def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
+    direct, dynamo, front = runs["direct"], runs["dynamo"], runs["front"]
+    median = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+    for name, target_runs in (("direct vLLM", direct), ("Dynamo frontend", dynamo), ("front door", front)):
+        each = " ".join(f"{r['throughput_tok_s']:.0f}" for r in target_runs)
+        print(f"   {name:16s} {median(target_runs, 'throughput_tok_s'):8.1f} tok/s   p50 {median(target_runs, 'p50_s'):.3f}s"
+              f"   p90 {median(target_runs, 'p90_s'):.3f}s   (runs: {each})", flush=True)
+    ratio = median(front, "throughput_tok_s") / median(direct, "throughput_tok_s")
+    print(f"   throughput ratio front door / direct = {ratio:.3f}", flush=True)
+    return {
+        "direct_throughput_tok_s": median(direct, "throughput_tok_s"),
+        "frontdoor_throughput_tok_s": median(front, "throughput_tok_s"),
+        "dynamo_frontend_throughput_tok_s": median(dynamo, "throughput_tok_s"),
+        "throughput_ratio": ratio,
+        "frontdoor_over_dynamo_throughput_ratio": median(front, "throughput_tok_s") / median(dynamo, "throughput_tok_s"),
+        "direct_p50_s": median(direct, "p50_s"), "direct_p90_s": median(direct, "p90_s"),
+        "frontdoor_p50_s": median(front, "p50_s"), "frontdoor_p90_s": median(front, "p90_s"),
+        "p90_latency_ratio": median(front, "p90_s") / median(direct, "p90_s"),
+    }
+
+
 # ---- main ---------------------------------------------------------------------------------
 
 def main() -> None:
@@ -157,6 +215,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--compare-stream-interval", type=int, default=0,
+                        help="also measure streamed responses with this stream interval on both sides (0: skip)")
+    parser.add_argument("--skip-sessions", action="store_true", help="only the overhead part")
     parser.add_argument("--sessions", type=int, default=3, help="odd, so round-robin alternates workers")
     parser.add_argument("--turns", type=int, default=4)
     args = parser.parse_args()
@@ -165,39 +226,16 @@ def main() -> None:
     load = dict(requests=args.requests, concurrency=args.concurrency, prompt_len=args.prompt_len, max_tokens=args.max_tokens)
     figures: dict = {}
 
-    print(f"== 1. overhead: plain vLLM vs Dynamo vs rollout-serve (1 worker), same load, {args.rounds} interleaved "
-          "rounds (medians)", flush=True)
-    port = free_port_block(1, start=41000)
-    vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log")
-    stack = start_stack(tmp / "agg", workers=1)
-    frontend_url = stack.url.rsplit(":", 1)[0] + ":" + str(int(stack.url.rsplit(":", 1)[1]) + 1)
-    targets = {"direct": f"http://127.0.0.1:{port}", "dynamo": frontend_url, "front": stack.url}
-    runs: dict[str, list[dict]] = {name: [] for name in targets}
-    try:
-        for round_ in range(args.rounds):  # both servers stay up; the order rotates to cancel drift
-            order = list(targets)[round_ % 3:] + list(targets)[:round_ % 3]
-            for name in order:
-                runs[name].append(asyncio.run(run_load(targets[name], MODEL, **load)))
-    finally:
-        stack.stop()
-        stop_group(vllm)
-    direct, dynamo, front = runs["direct"], runs["dynamo"], runs["front"]
-    median = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
-    for name, runs in (("direct vLLM", direct), ("Dynamo frontend", dynamo), ("front door", front)):
-        each = " ".join(f"{r['throughput_tok_s']:.0f}" for r in runs)
-        print(f"   {name:16s} {median(runs, 'throughput_tok_s'):8.1f} tok/s   p50 {median(runs, 'p50_s'):.3f}s   "
-              f"p90 {median(runs, 'p90_s'):.3f}s   (runs: {each})", flush=True)
-    figures.update({
-        "direct_throughput_tok_s": median(direct, "throughput_tok_s"),
-        "frontdoor_throughput_tok_s": median(front, "throughput_tok_s"),
-        "dynamo_frontend_throughput_tok_s": median(dynamo, "throughput_tok_s"),
-        "throughput_ratio": median(front, "throughput_tok_s") / median(direct, "throughput_tok_s"),
-        "frontdoor_over_dynamo_throughput_ratio": median(front, "throughput_tok_s") / median(dynamo, "throughput_tok_s"),
-        "direct_p50_s": median(direct, "p50_s"), "direct_p90_s": median(direct, "p90_s"),
-        "frontdoor_p50_s": median(front, "p50_s"), "frontdoor_p90_s": median(front, "p90_s"),
-        "p90_latency_ratio": median(front, "p90_s") / median(direct, "p90_s"),
-    })
+    figures.update(measure_overhead(model_dir, tmp / "default", 1, (True, False), args.rounds, load))
+    if args.compare_stream_interval > 1:
+        figures.update(measure_overhead(model_dir, tmp / "interval", args.compare_stream_interval, (True,),
+                                        args.rounds, load))
+    # The headline is the worse of the two loads: streamed (chat UIs, agents) and whole responses (RL rollouts).
+    figures["throughput_ratio"] = min(figures["throughput_ratio_streamed"], figures["throughput_ratio_unstreamed"])
 
+    if args.skip_sessions:
+        print(json.dumps(figures, indent=1))
+        return
     print("== 2. long sessions over 2 workers: KV router + session affinity vs round-robin", flush=True)
     sessions = dict(sessions=args.sessions, turns=args.turns, first_words=6000, words_per_turn=600)
     for mode in ("kv", "round-robin"):

@@ -5,6 +5,7 @@ both on paths a text model never takes (shared/notes/field-notes.md):
   - Qwen2-VL image processing imports torchvision, which CPU installs lack;
   - the embedding worker imports `get_engine_zmq_addresses`, gone from vLLM 0.32.
 We provide those two names so the imports succeed; calling either is an error.
+It also applies the per-request stream interval the front door sends (engine/stream_interval.py).
 
 Usage: python -m engine.dynamo_worker <dynamo.vllm arguments>
 """
@@ -41,9 +42,18 @@ def _patch_engine_zmq_addresses() -> None:
         engine_utils.get_engine_zmq_addresses = _unavailable("get_engine_zmq_addresses (embedding workers)")
 
 
+def _patch_stream_interval() -> None:
+    from dynamo.vllm import handlers
+
+    from engine import stream_interval
+
+    handlers.build_sampling_params = stream_interval.honouring_annotation(handlers.build_sampling_params)
+
+
 def main() -> None:
     _patch_qwen2_vl_image_processing()
     _patch_engine_zmq_addresses()
+    _patch_stream_interval()  # after the two above: it imports dynamo.vllm
     sys.argv[0] = "dynamo.vllm"
     runpy.run_module("dynamo.vllm", run_name="__main__", alter_sys=True)
 

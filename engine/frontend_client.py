@@ -17,6 +17,7 @@ from typing import AsyncIterator
 import httpx
 import msgspec
 
+from engine import stream_interval
 from rollout_server.errors import APIError, bad_request, unavailable
 
 _TOKEN_ID_PREFIX = "token_id:"
@@ -35,6 +36,7 @@ class EngineRequest:
     session_id: str | None = None
     prompt_param: str = "prompt"         # the client's field that held the prompt (named in errors)
     pool: str = "default"                # the capacity pool that serves it (engine/pools.py)
+    stream_interval: int = 1             # tokens the worker gathers per message (vLLM's per-request stream_interval)
 
 
 @dataclass
@@ -139,7 +141,7 @@ class DynamoFrontendClient:
         await self.http.aclose()
 
     def _body(self, req: EngineRequest) -> dict:
-        return {
+        body = {
             **{k: v for k, v in req.sampling.items() if v is not None},
             **req.guided,
             "model": req.model,
@@ -151,6 +153,9 @@ class DynamoFrontendClient:
             "stream_options": {"include_usage": True},
             "nvext": {"extra_fields": ["worker_id"]},
         }
+        if req.stream_interval > 1:
+            body["nvext"]["annotations"] = [stream_interval.annotation(req.stream_interval)]
+        return body
 
     async def stream_once(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         produced = False

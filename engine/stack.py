@@ -28,6 +28,7 @@ from engine import disaggregation
 from engine.kv_tier import service as kv_tier_service
 from engine.kv_tier.config import TierConnectorConfig, kv_transfer_config
 from engine.kv_tier.policy import write_policy_version
+from engine.loopback_http import LOOPBACK
 from engine.processes import ChildProcess, ProcessSpec, stop_all
 from engine.worker_control import CPU_RELOAD_RPC, CUDA_RELOAD_RPC, WorkerHandle
 from finetune_deploy.registry import BASE_VERSION
@@ -298,7 +299,7 @@ class Stack:
         can place requests on the new worker (it answers 503 "not ready" for a moment)."""
         body = {"model": self.served_model_name, "prompt": [1], "max_tokens": 1}
         try:
-            return httpx.post(f"{self.frontend_url}/v1/completions", json=body, timeout=30.0).status_code == 200
+            return LOOPBACK.post(f"{self.frontend_url}/v1/completions", json=body, timeout=30.0).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -343,14 +344,14 @@ class Stack:
             return False
         if not self.workers:  # a serverless pool at zero: the frontend only has to answer
             try:
-                return httpx.get(f"{self.frontend_url}/v1/models", timeout=2.0).status_code == 200
+                return LOOPBACK.get(f"{self.frontend_url}/v1/models", timeout=2.0).status_code == 200
             except httpx.HTTPError:
                 return False
         return self._frontend_lists_model()
 
     def _frontend_lists_model(self) -> bool:
         try:
-            models = httpx.get(f"{self.frontend_url}/v1/models", timeout=2.0).json()
+            models = LOOPBACK.get(f"{self.frontend_url}/v1/models", timeout=2.0).json()
         except (httpx.HTTPError, ValueError):
             return False
         return any(m.get("id") == self.served_model_name for m in models.get("data", []))
@@ -391,7 +392,7 @@ class Stack:
 
 def worker_health(system_port: int) -> dict:
     try:
-        return httpx.get(f"http://127.0.0.1:{system_port}/health", timeout=2.0).json()
+        return LOOPBACK.get(f"http://127.0.0.1:{system_port}/health", timeout=2.0).json()
     except (httpx.HTTPError, ValueError):
         return {}
 
@@ -401,7 +402,7 @@ _VLLM_SAMPLE = re.compile(r'^(vllm:[a-z_]+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)$')
 
 def vllm_counter(system_port: int, name: str, **labels: str) -> float:
     """The sum of a vLLM metric's samples on a worker's system port whose labels include `labels`."""
-    text = httpx.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text
+    text = LOOPBACK.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text
     total = 0.0
     for line in text.splitlines():
         match = _VLLM_SAMPLE.match(line)
@@ -413,7 +414,7 @@ def vllm_counter(system_port: int, name: str, **labels: str) -> float:
 def worker_metrics(system_port: int) -> dict:
     """Reads a worker's instance id (decimal, as the router reports it) and load from its /metrics."""
     try:
-        text = httpx.get(f"http://127.0.0.1:{system_port}/metrics", timeout=2.0).text
+        text = LOOPBACK.get(f"http://127.0.0.1:{system_port}/metrics", timeout=2.0).text
     except httpx.HTTPError:
         return {}
     found: dict = {}

@@ -98,18 +98,23 @@ def create_app(state: AppState) -> FastAPI:
     def principal(request: Request) -> Principal:
         return state.auth.authenticate(request.headers.get("authorization"))
 
+    async def caller(request: Request) -> Principal:
+        """`principal` as a dependency. FastAPI runs a plain-function dependency in a worker thread, and
+        that hand-off costs more per request than the cached key lookup itself."""
+        return principal(request)
+
     if state.traces is not None:
         from trace_pipeline.api import rewards_router
 
         app.include_router(rewards_router(state.traces.capture, lambda request: principal(request).team))
     if state.usage is not None:
-        app.include_router(usage_router(state.usage.store, principal))
+        app.include_router(usage_router(state.usage.store, caller))
     if state.deployer is not None:
         from finetune_deploy.api import deploy_router
 
         app.include_router(deploy_router(state.deployer, principal))
     if state.batches is not None:
-        app.include_router(batches_router(state.batches.store, principal, runner=state.batches,
+        app.include_router(batches_router(state.batches.store, caller, runner=state.batches,
                                           max_file_bytes=ctx.settings.batches.max_file_bytes))
 
     @app.get("/health")
@@ -130,7 +135,7 @@ def create_app(state: AppState) -> FastAPI:
         return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
-    async def models(who: Principal = Depends(principal)):
+    async def models(who: Principal = Depends(caller)):
         listed = [(m, m.id) for m in ctx.models.listing()]
         listed += [(ctx.models.base, f"{ctx.models.base.id}@{pool}") for pool in reachable_pools(who, ctx.pools)]
         return {"object": "list", "data": [{
@@ -140,13 +145,13 @@ def create_app(state: AppState) -> FastAPI:
         } for m, model_id in listed]}
 
     @app.get("/v1/pools")
-    async def pools(who: Principal = Depends(principal)):
+    async def pools(who: Principal = Depends(caller)):
         reachable = {DEFAULT_POOL, *reachable_pools(who, ctx.pools)}
         rows = [p.describe() for name, p in state.pools.pools.items() if name in reachable] if state.pools else []
         return {"object": "list", "data": rows}
 
     @app.get("/v1/status")
-    async def status(who: Principal = Depends(principal)):
+    async def status(who: Principal = Depends(caller)):
         rows = await _worker_rows(state)
         for row in rows or []:
             row["policy_version"] = ctx.models.version_of_worker(row.get("instance_id"))
@@ -158,15 +163,15 @@ def create_app(state: AppState) -> FastAPI:
                 "pools": [p.describe() for p in state.pools.pools.values()] if state.pools else []}
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request, who: Principal = Depends(principal)):
+    async def chat(body: ChatCompletionRequest, request: Request, who: Principal = Depends(caller)):
         return await chat_completions(ctx, body, request.headers.get("x-session-id"), who)
 
     @app.post("/v1/completions")
-    async def complete(body: CompletionRequest, request: Request, who: Principal = Depends(principal)):
+    async def complete(body: CompletionRequest, request: Request, who: Principal = Depends(caller)):
         return await completions(ctx, body, request.headers.get("x-session-id"), who)
 
     @app.post("/inference/v1/generate")
-    async def tito(body: GenerateRequest, request: Request, who: Principal = Depends(principal)):
+    async def tito(body: GenerateRequest, request: Request, who: Principal = Depends(caller)):
         return await generate(ctx, body, request.headers.get("x-session-id"), who)
 
     return app

@@ -20,6 +20,7 @@ from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, sampling_dict, session_id_for, sse,
+    stream_interval_for,
 )
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest
@@ -111,6 +112,7 @@ def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, sessio
         model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
         max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.top_logprobs or 0,
         guided=guided, session_id=session_id, prompt_param="messages",
+        stream_interval=stream_interval_for(ctx, req.stream),
     )
 
 

@@ -11,7 +11,7 @@ from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, sampling_dict,
-    session_id_for, sse, start_all,
+    session_id_for, sse, start_all, stream_interval_for,
 )
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
 from rollout_server.protocol import CompletionRequest, GenerateRequest
@@ -48,7 +48,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
             model=req.model, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
             prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.logprobs or 0,
             guided=guided_for_response_format(req.response_format), session_id=session_id,
-            prompt_param="prompt")
+            prompt_param="prompt", stream_interval=stream_interval_for(ctx, req.stream))
         generations.append(Generation(ctx, engine_request, who=who, endpoint="completions",
                                       request_body=req.model_dump(exclude_none=True)))
     await start_all(generations)
@@ -119,7 +119,8 @@ async def generate(ctx: ServingContext, req: GenerateRequest, session_header: st
     engine_request = EngineRequest(
         model=req.model, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
         max_tokens=max_tokens, sampling=sampling_dict(params), top_logprobs=params.logprobs or 0,
-        session_id=session_id_for(session_header, params.user), prompt_param="token_ids")
+        session_id=session_id_for(session_header, params.user), prompt_param="token_ids",
+        stream_interval=stream_interval_for(ctx, streamed=False))
     generation = Generation(ctx, engine_request, who=who, endpoint="generate", request_body=req.model_dump(exclude_none=True))
     await generation.start()
     choices = await generation.run_to_end()

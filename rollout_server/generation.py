@@ -116,6 +116,11 @@ def sampling_dict(fields: SamplingFields) -> dict:
     return {name: getattr(fields, name) for name in _PASSED_THROUGH if getattr(fields, name) is not None}
 
 
+def stream_interval_for(ctx: ServingContext, streamed: bool) -> int:
+    """Tokens per engine message: a streamed response goes at the client's pace; a whole one needs only its end."""
+    return ctx.settings.stream_interval if streamed else ctx.settings.unstreamed_interval
+
+
 def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> int:
     """Validates the prompt against the vocabulary and context window; returns the max_tokens to use."""
     bad = ctx.tokenizer.out_of_vocab(prompt_ids)
@@ -205,12 +210,13 @@ class Generation:
             self.policy_version = self.ctx.models.version_served_by(self.served, self.worker_id)
         if chunk.usage:
             self.usage = chunk.usage
-        if any(d.tokens for d in chunk.deltas):
+        new_tokens = sum(len(d.tokens) for d in chunk.deltas)
+        if new_tokens:
             now = chunk.received_at
             if self._first_token_at is None:
                 self._first_token_at = now
-            elif self._last_token_at is not None:
-                self._inter_token.append(now - self._last_token_at)
+            elif self._last_token_at is not None:  # a message may carry several tokens (stream_interval)
+                self._inter_token += [(now - self._last_token_at) / new_tokens] * new_tokens
             self._last_token_at = now
         for delta in chunk.deltas:
             self._accumulate(delta)

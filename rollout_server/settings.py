@@ -23,6 +23,8 @@ from trace_pipeline.config import TraceSettings
 DISAGG_LOCAL_MAX_UNCACHED_TOKENS = 512
 DISAGG_LOCAL_MIN_CACHED_FRACTION = 0.5
 PREFILL_BUDGET_TOKENS = 8192
+# Measured by benchmarks/frontdoor.py (docs/benchmarks.md, "Front door and session routing").
+UNSTREAMED_INTERVAL = 16
 
 
 def _home_cache() -> Path:
@@ -53,6 +55,16 @@ class Settings(BaseSettings):
     block_size: int = Field(32, description="KV block size in tokens (CPU attention needs a multiple of 32)")
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per worker, GiB (vLLM --kv-cache-memory-bytes)")
     enforce_eager: bool = Field(True, description="skip torch.compile/CUDA graphs (2x faster start-up on CPU)")
+    stream_interval: int = Field(
+        1, ge=1,
+        description="tokens a worker gathers before it sends them on, for streamed responses (vLLM's "
+                    "stream_interval, per request; the first token always goes at once). 1: every token as soon "
+                    "as it is sampled. Larger: less work per token in every hop, tokens arrive in bursts")
+    unstreamed_interval: int = Field(
+        UNSTREAMED_INTERVAL, ge=1,
+        description="the same, for responses the client gets in one piece (stream=false, /inference/v1/generate, "
+                    "batches): the client cannot see the bursts, and each hop (worker, Dynamo, front door) handles "
+                    "one message per this many tokens")
     cpu_threads_per_worker: int = Field(1, ge=1, description="OpenMP threads per vLLM CPU worker")
     startup_timeout_s: float = Field(420.0, description="how long `up` waits for every worker to become healthy")
 

@@ -48,6 +48,12 @@ class RunningStack:
     log_path: Path
     model: str = "tiny-qwen2"
 
+    @property
+    def frontend_url(self) -> str:
+        """Dynamo's frontend behind the front door (start_stack puts it on the front door's port + 1)."""
+        host, port = self.url.rsplit(":", 1)
+        return f"{host}:{int(port) + 1}"
+
     def status(self) -> dict:
         return httpx.get(f"{self.url}/v1/status", timeout=10).json()
 

@@ -19,6 +19,7 @@ import httpx
 
 from engine.kv_tier import native
 from engine.kv_tier.settings import KvTierSettings
+from engine.loopback_http import LOOPBACK
 from engine.processes import ProcessSpec
 
 # Mooncake's TCP transport binds where we can steer it, and picks its own advertised address.
@@ -79,7 +80,7 @@ class TierMetrics:
 
 def read_metrics(tier: KvTierSettings) -> TierMetrics | None:
     try:
-        response = httpx.get(f"http://127.0.0.1:{tier.metrics_port}/metrics", timeout=2.0)
+        response = LOOPBACK.get(f"http://127.0.0.1:{tier.metrics_port}/metrics", timeout=2.0)
         response.raise_for_status()
     except httpx.HTTPError:
         return None
@@ -89,7 +90,7 @@ def read_metrics(tier: KvTierSettings) -> TierMetrics | None:
 def is_ready(tier: KvTierSettings) -> bool:
     """The master answers /health and the holder's segment (the whole capacity) is mounted."""
     try:
-        health = httpx.get(f"http://127.0.0.1:{tier.metrics_port}/health", timeout=2.0).json()
+        health = LOOPBACK.get(f"http://127.0.0.1:{tier.metrics_port}/health", timeout=2.0).json()
     except (httpx.HTTPError, ValueError):
         return False
     metrics = read_metrics(tier)

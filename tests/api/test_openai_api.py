@@ -1,5 +1,6 @@
 """The OpenAI API through the real stack, with the openai SDK."""
 
+import asyncio
 import json
 import math
 
@@ -7,6 +8,7 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from engine.frontend_client import DynamoFrontendClient, EngineChunk, EngineRequest
 from tests.stack_harness import CACHE_DIR
 
 MODEL = "tiny-qwen2"
@@ -155,3 +157,37 @@ def test_metrics_count_requests_tokens_and_latency(stack, client):
     assert value("rollout_inter_token_latency_seconds_count") >= 3
     assert value("rollout_worker_healthy") == 2
     assert "rollout_worker_inflight_requests{" in text
+
+
+def test_the_worker_gathers_tokens_per_message_as_asked(stack, tokenizer):
+    """The front door's per-request stream interval reaches the vLLM worker through Dynamo: 33 tokens come in
+    1 + ceil(32 / 8) = 5 messages at interval 8 (the first token alone), in 33 at interval 1, and are the same."""
+    prompt = tokenizer.encode("the worker gathers tokens")
+
+    async def messages(interval: int) -> list[EngineChunk]:
+        client = DynamoFrontendClient(stack.frontend_url)
+        request = EngineRequest(model=MODEL, request_id=f"interval-{interval}", prompt_token_ids=prompt, max_tokens=33,
+                                sampling={"temperature": 0, "ignore_eos": True}, stream_interval=interval)
+        try:
+            return [chunk async for chunk in client.stream_once(request) if any(d.tokens for d in chunk.deltas)]
+        finally:
+            await client.close()
+
+    gathered, single = asyncio.run(messages(8)), asyncio.run(messages(1))
+    ids = lambda chunks: [t.token_id for c in chunks for d in c.deltas for t in d.tokens]  # noqa: E731
+    assert [sum(len(d.tokens) for d in c.deltas) for c in gathered] == [1, 8, 8, 8, 8]
+    assert len(single) == 33
+    assert ids(gathered) == ids(single)
+
+
+def test_a_whole_response_has_the_tokens_and_logprobs_of_a_streamed_one(client):
+    """Whole responses come from the worker in messages of many tokens (unstreamed_interval)."""
+    args = dict(model=MODEL, prompt="a whole answer", max_tokens=40, temperature=0, logprobs=1,
+                extra_body={"return_token_ids": True, "ignore_eos": True})
+    whole = client.completions.create(**args).choices[0]
+    chunks = [c.choices[0] for c in client.completions.create(**args, stream=True) if c.choices]
+    assert whole.model_extra["token_ids"] == [t for c in chunks for t in c.model_extra["token_ids"]]
+    assert len(whole.model_extra["token_ids"]) == 40
+    streamed_logprobs = [lp for c in chunks for lp in c.logprobs.token_logprobs]
+    assert whole.logprobs.token_logprobs == pytest.approx(streamed_logprobs, abs=1e-4)
+    assert whole.text == "".join(c.text for c in chunks)

@@ -1,0 +1,13 @@
+"""The one HTTP client for the stack's probes of its own processes (health, metrics, model lists).
+
+`httpx.get` builds a new client per call, and with it a TLS context: it loads the CA bundle, tens of
+milliseconds of CPU each time. The pool supervisor probes every worker and frontend every second, so
+per-call clients took up to half a core from the front door. This client is built once. It keeps no
+connections alive: a restarted worker on the same port must not meet a stale connection.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+LOOPBACK = httpx.Client(timeout=2.0, trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
