@@ -3,12 +3,13 @@
 1. The same concurrent load sent directly to a plain vLLM OpenAI server (the baseline)
    and through rollout-serve (front door -> Dynamo KV router -> one vLLM worker):
    throughput (completion tokens/s) and p50/p90 request latency; also straight to
-   Dynamo's frontend, to show where the overhead sits.
+   Dynamo's frontend, to show where the overhead sits. Twice: streamed responses, and
+   whole ones (stream=false); `throughput_ratio` is the worse of the two.
 2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
 
-Run: .venv/bin/python benchmarks/frontdoor.py   (about 8 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/frontdoor.py   (about 12 minutes on 2 cores)
 Writes benchmarks/results/frontdoor.json.
 """
 
@@ -82,7 +83,7 @@ async def run_load(url: str, model: str, requests: int, concurrency: int, prompt
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
     latencies = sorted(r["latency"] for r in results)
-    return {"throughput_tok_s": sum(r["tokens"] for r in results) / wall,
+    return {"throughput_tok_s": sum(r["tokens"] for r in results) / wall, "tokens": sum(r["tokens"] for r in results),
             "p50_s": latencies[len(latencies) // 2], "p90_s": latencies[int(len(latencies) * 0.9)]}
 
 
@@ -102,6 +103,32 @@ def start_plain_vllm(model_dir: Path, port: int, log: Path, extra_args: tuple[st
         stop_group(proc)
         raise
     return proc
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time the processes have used so far (from /proc)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def host_processes(stack, with_front_door: bool) -> list[int]:
+    """The processes of a stack that are not vLLM's engine: Dynamo's frontend, Dynamo's worker (Python),
+    and the front door itself when `with_front_door`."""
+    pids = [stack.process.pid] if with_front_door else []
+    for pid in stack.child_pids():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"dynamo.frontend" in cmdline or b"engine.dynamo_worker" in cmdline:
+            pids.append(pid)
+    return pids
 
 
 def stop_group(proc: subprocess.Popen) -> None:
@@ -166,6 +193,8 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
     vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log", ("--stream-interval", str(interval)))
     stack = start_stack(tmp / "agg", workers=1, extra_args=["--stream-interval", str(interval)])
     targets = {"direct": f"http://127.0.0.1:{port}", "dynamo": stack.frontend_url, "front": stack.url}
+    # CPU spent outside vLLM's engine per completion token: less noisy than throughput on a shared machine.
+    host = {"direct": [vllm.pid], "dynamo": host_processes(stack, False), "front": host_processes(stack, True)}
     figures = {}
     try:
         for stream in streams:
@@ -176,7 +205,10 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
             for round_ in range(rounds):  # all servers stay up; the order rotates to cancel drift
                 order = list(targets)[round_ % 3:] + list(targets)[:round_ % 3]
                 for name in order:
-                    runs[name].append(asyncio.run(run_load(targets[name], MODEL, **load, stream=stream)))
+                    before = cpu_seconds(host[name])
+                    run = asyncio.run(run_load(targets[name], MODEL, **load, stream=stream))
+                    run["host_cpu_ms_per_token"] = 1000 * (cpu_seconds(host[name]) - before) / max(1, run["tokens"])
+                    runs[name].append(run)
             suffix = ("_streamed" if interval == 1 else f"_streamed_interval_{interval}") if stream else "_unstreamed"
             figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs).items()})
     finally:
@@ -191,7 +223,8 @@ def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
     for name, target_runs in (("direct vLLM", direct), ("Dynamo frontend", dynamo), ("front door", front)):
         each = " ".join(f"{r['throughput_tok_s']:.0f}" for r in target_runs)
         print(f"   {name:16s} {median(target_runs, 'throughput_tok_s'):8.1f} tok/s   p50 {median(target_runs, 'p50_s'):.3f}s"
-              f"   p90 {median(target_runs, 'p90_s'):.3f}s   (runs: {each})", flush=True)
+              f"   p90 {median(target_runs, 'p90_s'):.3f}s   host CPU {median(target_runs, 'host_cpu_ms_per_token'):.3f} "
+              f"ms/token   (runs: {each})", flush=True)
     ratio = median(front, "throughput_tok_s") / median(direct, "throughput_tok_s")
     print(f"   throughput ratio front door / direct = {ratio:.3f}", flush=True)
     return {
@@ -203,6 +236,9 @@ def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
         "direct_p50_s": median(direct, "p50_s"), "direct_p90_s": median(direct, "p90_s"),
         "frontdoor_p50_s": median(front, "p50_s"), "frontdoor_p90_s": median(front, "p90_s"),
         "p90_latency_ratio": median(front, "p90_s") / median(direct, "p90_s"),
+        "direct_host_cpu_ms_per_token": median(direct, "host_cpu_ms_per_token"),
+        "dynamo_host_cpu_ms_per_token": median(dynamo, "host_cpu_ms_per_token"),
+        "frontdoor_host_cpu_ms_per_token": median(front, "host_cpu_ms_per_token"),
     }
 
 
@@ -211,7 +247,7 @@ def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved runs of each target")
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved runs of each target")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=64)

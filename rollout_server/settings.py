@@ -23,7 +23,7 @@ from trace_pipeline.config import TraceSettings
 DISAGG_LOCAL_MAX_UNCACHED_TOKENS = 512
 DISAGG_LOCAL_MIN_CACHED_FRACTION = 0.5
 PREFILL_BUDGET_TOKENS = 8192
-# Measured by benchmarks/frontdoor.py (docs/benchmarks.md, "Front door and session routing").
+# Tokens per engine message for whole responses (CPU per token with 16 vs 1: docs/benchmarks.md, "Front door").
 UNSTREAMED_INTERVAL = 16
 
 
