@@ -20,7 +20,7 @@ from typing import Callable
 from engine.disaggregation import is_disaggregated
 from engine.frontend_client import DynamoFrontendClient
 from engine.pool_config import DEFAULT_POOL, PoolConfig, pool_ports
-from engine.stack import Stack, WorkerInfo, aggregated_worker
+from engine.stack import Stack, WorkerInfo, aggregated_worker, stop_stacks
 from engine.worker_control import WorkerHandle
 from rollout_server.errors import unavailable
 from rollout_server.settings import Settings
@@ -147,10 +147,9 @@ class PoolSet:
             log.info("pool %s (%s%s): %d deployment(s), %d worker(s)", pool.name, pool.config.kind,
                      f", team {pool.config.team}" if pool.config.team else "", len(pool.deployments), pool.workers())
 
-    def stop(self) -> None:
-        for pool in self.declared():
-            for deployment in pool.deployments:
-                deployment.stack.stop()
+    def stop(self, *also: Stack) -> None:
+        """Stops every declared deployment, and `also` (the default pool's stack), all at once."""
+        stop_stacks([d.stack for p in self.declared() for d in p.deployments] + list(also))
 
     async def close(self) -> None:
         self.closing = True

@@ -240,12 +240,12 @@ class Stack:
                 disaggregation.settle_nixl_worker_threads(child.pid, int(worker.cpu))
 
     def stop(self) -> None:
-        if self.children:
-            log.info("stopping %d process(es)", len(self.children))
-            stop_all(self.children)
-            self.children = []
-            self.worker_children = {}
-            self.frontend = None
+        stop_stacks([self])
+
+    def _forget_processes(self) -> None:
+        self.children = []
+        self.worker_children = {}
+        self.frontend = None
 
     # ---- changes while running (pools: scaling and restarts) ----------------------------
 
@@ -388,6 +388,16 @@ class Stack:
         reload_rpc = CUDA_RELOAD_RPC if has_cuda() else CPU_RELOAD_RPC
         return [WorkerHandle(w.index, w.system_port, worker_metrics(w.system_port).get("instance_id"), reload_rpc)
                 for w in self.workers]
+
+
+def stop_stacks(stacks: list[Stack]) -> None:
+    """Stops stacks together: their processes' graceful shutdowns overlap instead of adding up."""
+    children = [child for stack in stacks for child in stack.children]
+    if children:
+        log.info("stopping %d process(es)", len(children))
+        stop_all(children)
+    for stack in stacks:
+        stack._forget_processes()
 
 
 def worker_health(system_port: int) -> dict:

@@ -94,8 +94,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.info("interrupted")
     finally:
-        pools.stop()
-        stack.stop()
+        pools.stop(stack)
     return 0
 
 
