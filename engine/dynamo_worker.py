@@ -13,6 +13,7 @@ Usage: python -m engine.dynamo_worker <dynamo.vllm arguments>
 from __future__ import annotations
 
 import importlib
+import os
 import runpy
 import sys
 import types
@@ -50,7 +51,20 @@ def _patch_stream_interval() -> None:
     handlers.build_sampling_params = stream_interval.honouring_annotation(handlers.build_sampling_params)
 
 
+def _fork_engine_processes() -> None:
+    from vllm.platforms import cpu
+
+    configure = cpu.CpuPlatform.check_and_update_config.__func__
+
+    def configure_then_fork(cls, vllm_config):
+        configure(cls, vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(configure_then_fork)
+
+
 def main() -> None:
+    _fork_engine_processes()
     _patch_qwen2_vl_image_processing()
     _patch_engine_zmq_addresses()
     _patch_stream_interval()  # after the two above: it imports dynamo.vllm

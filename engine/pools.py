@@ -131,15 +131,17 @@ class PoolSet:
 
     # ---- start and stop ---------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Starts every declared deployment and waits until each serves (a serverless one at zero: until
-        its frontend answers)."""
-        stacks = [d.stack for p in self.declared() for d in p.deployments]
-        for stack in stacks:
+    def launch(self) -> None:
+        """Starts every declared deployment's processes, without waiting for them."""
+        for stack in self._declared_stacks():
             stack.start(wait=False)
+
+    def wait_until_ready(self) -> None:
+        """Waits until every declared deployment serves (a serverless one at zero: until its frontend
+        answers); stops them all if one fails."""
         try:
-            for stack in stacks:
-                stack.wait_until_healthy()
+            for stack in self._declared_stacks():
+                stack.wait_until_ready()
         except BaseException:
             self.stop()
             raise
@@ -147,9 +149,12 @@ class PoolSet:
             log.info("pool %s (%s%s): %d deployment(s), %d worker(s)", pool.name, pool.config.kind,
                      f", team {pool.config.team}" if pool.config.team else "", len(pool.deployments), pool.workers())
 
+    def _declared_stacks(self) -> list[Stack]:
+        return [d.stack for p in self.declared() for d in p.deployments]
+
     def stop(self, *also: Stack) -> None:
         """Stops every declared deployment, and `also` (the default pool's stack), all at once."""
-        stop_stacks([d.stack for p in self.declared() for d in p.deployments] + list(also))
+        stop_stacks(self._declared_stacks() + list(also))
 
     async def close(self) -> None:
         self.closing = True

@@ -10,6 +10,8 @@ with every worker registered. `Stack.stop()` stops every process group.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import json
 import logging
 import os
@@ -51,13 +53,15 @@ class WorkerInfo:
     nixl_port: int | None = None   # NIXL side channel (handshake) of a prefill/decode worker
 
 
+@functools.cache
 def has_cuda() -> bool:
+    """An NVIDIA driver and a CUDA build of torch. Read without importing torch (seconds, on the
+    start-up path before any worker is launched)."""
     try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:
+        cpu_build = "+cpu" in importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
         return False
+    return Path("/proc/driver/nvidia/version").exists() and not cpu_build
 
 
 def dynamo_env(settings: Settings, discovery_dir: Path) -> dict[str, str]:
@@ -218,8 +222,11 @@ class Stack:
             self.worker_children[worker.index] = self._launch(self._worker_spec(worker, self._env))
         for spec in self._kv_tier_specs():
             self._launch(spec)
-        if not wait:
-            return
+        if wait:
+            self.wait_until_ready()
+
+    def wait_until_ready(self) -> None:
+        """Waits for every child's health check, then pins NIXL workers' threads; stops the stack on failure."""
         try:
             self.wait_until_healthy()
             self._settle_nixl_workers()

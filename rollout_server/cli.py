@@ -60,14 +60,10 @@ def _interrupt(signum, frame):
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from engine.disaggregation import describe_workers
     from engine.pool_config import PoolFileError, load_pools
     from engine.pools import PoolSet
     from engine.stack import Stack, StackStartError
-    from rollout_server.app import create_app
-    from rollout_server.server import FrontDoorServer, build_app_state, resolve_model
+    from rollout_server.tiny_model import resolve_model
 
     settings = settings_from_args(args)
     try:
@@ -80,8 +76,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     pools = PoolSet.build(settings, stack, declared)
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during start-up stops like Ctrl-C: children first
     try:
-        stack.start()
-        pools.start()
+        stack.start(wait=False)
+        pools.launch()
+        # The front door's own imports (transformers, FastAPI: seconds) overlap the engines' start-up.
+        import uvicorn
+
+        from engine.disaggregation import describe_workers
+        from rollout_server.app import create_app
+        from rollout_server.server import FrontDoorServer, build_app_state
+
+        stack.wait_until_ready()
+        pools.wait_until_ready()
         app = create_app(build_app_state(settings, model_dir, model_name, stack, pools))
         log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %s)", settings.host, settings.port,
                  model_name, describe_workers(settings))

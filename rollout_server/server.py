@@ -32,22 +32,6 @@ from trace_pipeline.capture import TraceCapture
 
 log = logging.getLogger(__name__)
 
-TINY_MODEL_NAME = "tiny-qwen2"
-
-
-def resolve_model(settings: Settings) -> tuple[Path, str]:
-    """The model directory and the id clients use; builds the tiny model when no model is given."""
-    if settings.model is None:
-        from rollout_server.tiny_model import ensure_tiny_model
-
-        model_dir = ensure_tiny_model(0, settings.cache_dir / "models")
-        return model_dir, settings.served_model_name or TINY_MODEL_NAME
-    model_dir = settings.model.expanduser().resolve()
-    if not (model_dir / "config.json").exists():
-        raise SystemExit(f"--model {model_dir}: not a Hugging Face model directory (no config.json); "
-                         "no model hub is reachable, pass a local directory")
-    return model_dir, settings.served_model_name or model_dir.name
-
 
 def model_context_window(model_dir: Path, settings: Settings) -> int:
     config = json.loads((model_dir / "config.json").read_text())

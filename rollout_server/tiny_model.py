@@ -20,11 +20,16 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rollout_server.tiny_model_training import TrainingRecipe, TrainingReport, tool_corpus, train_tool_calling
 
+if TYPE_CHECKING:
+    from rollout_server.settings import Settings
+
 log = logging.getLogger(__name__)
 
+TINY_MODEL_NAME = "tiny-qwen2"  # the id clients use for the default model
 BASE_SEED = 1234
 RECIPE_VERSION = 3  # bump when the corpus, the tokenizer or the weight initialisation changes (training: TrainingRecipe)
 BPE_VOCAB_SIZE = 4096
@@ -148,6 +153,18 @@ def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None, tool_form
         if not _is_current(target, training):
             build_tiny_model(target, variant, tool_format=tool_format, training=training)
     return target
+
+
+def resolve_model(settings: Settings) -> tuple[Path, str]:
+    """The model directory a server serves and the id clients use: `--model`, else the tiny model
+    (built first when missing)."""
+    if settings.model is None:
+        return ensure_tiny_model(0, settings.cache_dir / "models"), settings.served_model_name or TINY_MODEL_NAME
+    model_dir = settings.model.expanduser().resolve()
+    if not (model_dir / "config.json").exists():
+        raise SystemExit(f"--model {model_dir}: not a Hugging Face model directory (no config.json); "
+                         "no model hub is reachable, pass a local directory")
+    return model_dir, settings.served_model_name or model_dir.name
 
 
 def _recipe(tool_format: str, shape: TinyModelShape = TinyModelShape(),

@@ -13,8 +13,8 @@ import torch
 
 from benchmarks.kv_formats import accuracy_report, attention_rows, capture_activations
 from engine.kv_tier.blocks import BlockCodec, kernel_view
-from rollout_server.server import resolve_model
 from rollout_server.settings import Settings
+from rollout_server.tiny_model import resolve_model
 from tests.stack_harness import CACHE_DIR
 
 BS = 32
