@@ -1,15 +1,18 @@
 """Failover in the front door (engine/routing.py): a request refused before any output is sent again,
 to another deployment of its pool when there is one; a stream that already produced tokens never is.
-Dynamo's frontends are httpx MockTransport test doubles here (the deployments' stacks are test doubles
-too, and no supervisor runs); the real cases (a worker or a whole
+Dynamo's frontends are scripted local HTTP servers here (test doubles; the deployments' stacks are test
+doubles too, and no supervisor runs); the real cases (a worker or a whole
 deployment killed under load) are in tests/pools and tests/disagg."""
 
 import asyncio
 import json
+import socket
+import threading
 import time
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp import web
 
 from engine.frontend_client import DynamoFrontendClient, EngineRequest
 from engine.pool_config import PoolConfig
@@ -33,20 +36,52 @@ def request(session: str = "s1") -> EngineRequest:
 
 
 class FakeDynamoFrontend:
-    """Test double: answers each POST with the next scripted (status, body) and counts the calls."""
+    """Test double: a local HTTP server (its own thread and event loop) that answers each POST with the
+    next scripted (status, body) and counts the calls."""
 
     def __init__(self, *answers):
         self.answers = list(answers)
         self.calls = 0
+        self.listening = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listening.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def _serve(self) -> None:
+        loop = asyncio.new_event_loop()
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._answer)
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.SockSite(runner, self.listening).start())
+        loop.run_forever()
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
         self.calls += 1
         status, body = self.answers.pop(0)
-        if isinstance(body, Exception):
-            raise body
-        if status == 200:
-            return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
-        return httpx.Response(status, json=body)
+        if status != 200:
+            return web.json_response(body, status=status)
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(body)
+        return response
+
+
+class UnreachableFirst(aiohttp.TCPConnector):
+    """Test double: the first `failures` connection attempts fail as an unreachable frontend's do."""
+
+    def __init__(self, failures: int):
+        super().__init__()
+        self.failures = failures
+        self.attempts = 0
+
+    async def connect(self, req, traces, timeout):
+        self.attempts += 1
+        if self.attempts == 1 and self.failures:
+            raise aiohttp.ConnectionTimeoutError("busy")
+        if self.attempts <= self.failures:
+            raise aiohttp.ClientConnectorError(req.connection_key, ConnectionRefusedError(111, "refused"))
+        return await super().connect(req, traces, timeout)
 
 
 class StackDouble:
@@ -56,9 +91,8 @@ class StackDouble:
         return None
 
 
-def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1) -> Deployment:
-    client = DynamoFrontendClient(f"http://{name}")
-    client.http = httpx.AsyncClient(base_url=f"http://{name}", transport=httpx.MockTransport(fake))
+def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1, connector=None) -> Deployment:
+    client = DynamoFrontendClient(fake.url, connector=connector) if connector else DynamoFrontendClient(fake.url)
     return Deployment(name, stack=StackDouble(), client=client, ready_workers=ready)
 
 
@@ -106,8 +140,16 @@ def test_refusals_past_the_retry_budget_reach_the_client_as_503():
 
 
 def test_a_connection_that_was_never_made_is_tried_again():
-    fake = FakeDynamoFrontend((0, httpx.ConnectTimeout("busy")), (0, httpx.ConnectError("refused")), (200, sse(TOKEN)))
-    assert len(run(one_deployment_pool(fake))) == 1 and fake.calls == 3
+    fake = FakeDynamoFrontend((200, sse(TOKEN)))
+    made = []
+
+    def connector():  # a connect timeout, then a refused connection, then the frontend answers
+        made.append(UnreachableFirst(failures=2))
+        return made[-1]
+
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", fake, connector=connector)])
+    assert len(run(pool)) == 1
+    assert [c.attempts for c in made] == [3] and fake.calls == 1
 
 
 def test_a_worker_that_dies_before_its_first_token_is_retried():
