@@ -9,7 +9,7 @@
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
 
-Run: .venv/bin/python benchmarks/frontdoor.py   (about 12 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/frontdoor.py   (about 6 minutes on 2 cores)
 Writes benchmarks/results/frontdoor.json.
 """
 
