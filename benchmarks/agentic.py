@@ -12,7 +12,7 @@ arrive with a long uncached document. Everything goes through the rollout-serve 
    on one worker whose KV cache is too small to keep every session: prefix hit rate and TTFT.
 3. Tier capacity in tokens with NVFP4 vs bf16 blocks; transfer descriptors with and without BLHNC.
 
-Run: .venv/bin/python benchmarks/agentic.py   (about 16 minutes on 2 cores; --quick: shorter)
+Run: .venv/bin/python benchmarks/agentic.py   (about 12 minutes on 2 cores; --quick: shorter)
 Writes benchmarks/results/agentic.json.
 """
 
