@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -164,23 +165,31 @@ class PoolSet:
 
     # ---- requests -----------------------------------------------------------------------------
 
-    async def pick(self, pool: Pool, session_id: str | None, avoid: set[str]) -> Deployment:
-        """A healthy deployment for a request: the same one for a session while it stays healthy (its KV is
-        there), another when `avoid` names the one that just refused it. At zero, waits for a cold start."""
-        serving = pool.serving()
-        if not serving and pool.config.kind == "serverless":
-            serving = await self._cold_start(pool)
-        if not serving:  # none passed its last check: try them anyway, a refusal is retried and then a 503
-            serving = pool.deployments
-        fresh = [d for d in serving if d.name not in avoid] or serving
+    async def pick(self, pool: Pool, session_id: str | None, refusals: Counter[str] | None = None) -> Deployment:
+        """A deployment for a request: the same healthy one for a session while it stays healthy (its KV is
+        there); after refusals, one that refused this request fewer times (`least_refused`). A serverless
+        pool at zero first waits for a cold start."""
+        if not pool.serving() and pool.config.kind == "serverless":
+            await self._cold_start(pool)
+        fresh = self.least_refused(pool, refusals or Counter())
         return fresh[hash(session_id or "") % len(fresh)]
+
+    @staticmethod
+    def least_refused(pool: Pool, refusals: Counter[str]) -> list[Deployment]:
+        """The deployments that refused this request the fewest times, those in rotation first. One out of
+        rotation is tried before one in rotation that refused more often: on a loaded machine it may only
+        have missed its health checks, and the request is lost if every try fails."""
+        def rank(d: Deployment) -> tuple[int, bool]:
+            return refusals[d.name], not d.healthy
+        best = min(map(rank, pool.deployments))
+        return [d for d in pool.deployments if rank(d) == best]
 
     def refused(self, deployment: Deployment) -> None:
         """A deployment refused a request before any output: check its health now, not at the next tick."""
         log.info("deployment %s refused a request: checking its health", deployment.name)
         self._wake.set()
 
-    async def _cold_start(self, pool: Pool) -> list[Deployment]:
+    async def _cold_start(self, pool: Pool) -> None:
         pool.waiting += 1
         self._wake.set()
         started = time.monotonic()
@@ -202,7 +211,6 @@ class PoolSet:
                 await asyncio.sleep(0.25)
         finally:
             pool.waiting -= 1
-        return pool.serving()
 
     # ---- the supervisor ---------------------------------------------------------------------
 
@@ -231,13 +239,15 @@ class PoolSet:
         # Disaggregated workers are not restarted: a NIXL worker needs its threads settled after start-up.
         nixl_workers = pool.name == DEFAULT_POOL and is_disaggregated(self.settings)
         was_healthy = deployment.healthy
-        if self.settings.restart_dead_workers and not nixl_workers and not self.closing:
+        if self.settings.restart_dead_workers and not nixl_workers and not self.closing and not stack.all_alive():
+            # Out of rotation before the restart, which takes seconds on a loaded machine, and until the
+            # deployment passes a check again.
+            deployment.ready_workers = deployment.failed_checks = 0
+            if was_healthy:
+                log.warning("deployment %s lost a process: drained, out of rotation", deployment.name)
             self._follow_served_weights(stack)
-            if await asyncio.to_thread(stack.restart_dead):  # out of rotation until it passes a check again
-                deployment.ready_workers = deployment.failed_checks = 0
-                if was_healthy:
-                    log.warning("deployment %s lost a process: drained, out of rotation", deployment.name)
-                return
+            await asyncio.to_thread(stack.restart_dead)
+            return
         ready = await asyncio.to_thread(stack.ready_workers)
         if not ready and was_healthy and stack.all_alive() and deployment.failed_checks < MISSED_CHECKS_TOLERATED:
             deployment.failed_checks += 1  # a health probe that timed out on a loaded machine is not a death

@@ -1,9 +1,10 @@
 """The front door's way to the engines: a request goes to a healthy deployment of its pool.
 
 A request that a deployment refused before any output (engine/frontend_client.py) is sent again: at
-once to another healthy deployment of the pool when there is one (failover), else to the same one
-after a short wait (Dynamo drops a dead worker from discovery within about a second). A stream that
-already produced tokens is never sent again: the client gets a retryable error event instead.
+once to a deployment of the pool that has refused it fewer times, when there is one (failover), else
+after a pause that doubles each round (Dynamo drops a dead worker from discovery within about a second;
+the supervisor restarts a dead process in tens of seconds). A stream that already produced tokens is
+never sent again: the client gets a retryable error event instead.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import AsyncIterator
 
 from engine.frontend_client import EngineChunk, EngineRequest, RefusedBeforeOutput
@@ -20,37 +22,44 @@ log = logging.getLogger(__name__)
 
 
 class PoolRouter:
-    def __init__(self, pools: PoolSet, retries: int = 3, retry_delay_s: float = 0.5):
+    """`retries`: how many times a request every deployment refused is sent again, after pauses of
+    `retry_delay_s`, doubling up to `max_retry_delay_s` (the defaults wait about 12 s in all)."""
+
+    def __init__(self, pools: PoolSet, retries: int = 6, retry_delay_s: float = 0.25, max_retry_delay_s: float = 4.0):
         self.pools = pools
         self.retries = retries
         self.retry_delay_s = retry_delay_s
+        self.max_retry_delay_s = max_retry_delay_s
 
     async def stream(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         pool = self.pools.pools[req.pool]
         pool.in_flight += 1
         pool.last_active = time.monotonic()
-        refused_by: set[str] = set()
+        refusals: Counter[str] = Counter()   # deployment name -> times it refused this request
+        pauses = 0
         try:
-            for attempt in range(1, self.retries + 2):
-                deployment = await self.pools.pick(pool, req.session_id, avoid=refused_by)
+            while True:
+                deployment = await self.pools.pick(pool, req.session_id, refusals)
                 try:
                     async for chunk in deployment.client.stream_once(req):
                         yield chunk
                     return
                 except RefusedBeforeOutput as refused:
-                    if attempt > self.retries:
-                        raise refused.error from None
-                    refused_by.add(deployment.name)
+                    refusals[deployment.name] += 1
                     self.pools.refused(deployment)
-                    others = [d for d in pool.serving() if d.name not in refused_by]
-                    if others:
+                    other = self.pools.least_refused(pool, refusals)[0]
+                    if refusals[other.name] < refusals[deployment.name]:
                         pool.failovers += 1
                         log.warning("request %s: %s refused it (%s); failing over to %s", req.request_id,
-                                    deployment.name, refused.error.message, others[0].name)
+                                    deployment.name, refused.error.message, other.name)
                         continue
-                    log.info("request %s refused by %s (%s); sending it again (attempt %d of %d)", req.request_id,
-                             deployment.name, refused.error.message, attempt + 1, self.retries + 1)
-                    await asyncio.sleep(self.retry_delay_s * attempt)
+                    if pauses == self.retries:
+                        raise refused.error from None
+                    delay = min(self.retry_delay_s * 2 ** pauses, self.max_retry_delay_s)
+                    pauses += 1
+                    log.info("request %s refused by %s (%s); sending it again in %.2g s (retry %d of %d)",
+                             req.request_id, deployment.name, refused.error.message, delay, pauses, self.retries)
+                    await asyncio.sleep(delay)
         finally:
             pool.in_flight -= 1
             pool.last_active = time.monotonic()

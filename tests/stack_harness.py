@@ -7,6 +7,7 @@ through the cache directory so it is built once.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -80,6 +81,17 @@ class RunningStack:
     def log_tail(self, n: int = 40) -> str:
         return _tail(self.log_path, n)
 
+    def diagnostics(self, width: int = 240) -> str:
+        """What CI shows for a failed test on this stack: the front door's warnings and errors and the end
+        of each engine process's log."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        notable = [line for line in lines if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+        parts = [f"== {self.log_path} (warnings and errors, last 30)", *notable[-30:],
+                 f"== {self.log_path} (last 10 lines)", *lines[-10:]]
+        for log in sorted(self.state_dir.glob("stack-*/*.log")):
+            parts += [f"== {log}", *_tail(log, 8).splitlines()]
+        return "\n".join(_ANSI_COLOUR.sub("", line)[:width] for line in parts)
+
 
 def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = None,
                 extra_env: dict[str, str] | None = None, timeout_s: float = 420.0) -> RunningStack:
@@ -128,6 +140,9 @@ def wait_until_answering(url: str, process: subprocess.Popen, log_path: Path, ti
             pass
         time.sleep(1.0)
     raise RuntimeError(f"{url} did not answer within {timeout_s:.0f}s:\n{_tail(log_path)}")
+
+
+_ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # Dynamo colours its log lines
 
 
 def _tail(log_path: Path, lines: int = 40) -> str:

@@ -85,23 +85,39 @@ class UnreachableFirst(aiohttp.TCPConnector):
 
 
 class StackDouble:
-    """Test double for a deployment's Stack: no process of it has crashed."""
+    """Test double for a deployment's Stack: no process of it has crashed, unless `dead`; a restart takes
+    `restart_s` (a loaded machine)."""
 
-    def crashed_worker(self) -> None:
-        return None
+    def __init__(self, dead: bool = False, restart_s: float = 0.0):
+        self.dead = dead
+        self.restart_s = restart_s
+        self.restarts = 0
+
+    def crashed_worker(self) -> str | None:
+        return "worker-0 exit code -9" if self.dead else None
+
+    def all_alive(self) -> bool:
+        return not self.dead
+
+    def restart_dead(self) -> list[str]:
+        time.sleep(self.restart_s)
+        self.restarts += 1
+        self.dead = False
+        return ["worker-0"]
 
 
-def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1, connector=None) -> Deployment:
-    return Deployment(name, stack=StackDouble(), client=DynamoFrontendClient(fake.url, connector=connector),
+def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1, connector=None, stack=None) -> Deployment:
+    return Deployment(name, stack=stack or StackDouble(), client=DynamoFrontendClient(fake.url, connector=connector),
                       ready_workers=ready)
 
 
-def run(pool: Pool, req: EngineRequest | None = None, retries: int = 3, during=None, between=None) -> list:
+def run(pool: Pool, req: EngineRequest | None = None, retries: int = 3, during=None, between=None,
+        retry_delay_s: float = 0.01) -> list:
     """Sends `req` (a list: one after the other, `between(i)` before the i-th) through a PoolRouter."""
     requests = req if isinstance(req, list) else [req or request()]
 
     async def go():
-        router = PoolRouter(PoolSet(Settings(), [pool]), retries=retries, retry_delay_s=0.01)
+        router = PoolRouter(PoolSet(Settings(), [pool]), retries=retries, retry_delay_s=retry_delay_s)
         side = asyncio.create_task(during()) if during else None
         try:
             chunks = []
@@ -190,6 +206,44 @@ def test_a_refused_request_fails_over_to_the_other_deployment_at_once():
     assert time.monotonic() - started < 0.5, "failover must not wait"
     assert (down.calls, up.calls, pool.failovers) == (1, 1, 1)
     assert pool.in_flight == 0
+
+
+def test_a_request_every_healthy_deployment_refused_tries_one_out_of_rotation():
+    # p/1 missed its health checks (a loaded machine) but serves; losing the request is the alternative.
+    down, missed_checks = FakeDynamoFrontend(REFUSED), FakeDynamoFrontend((200, sse(TOKEN)))
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", down), deployment("p/1", missed_checks, ready=0)])
+    started = time.monotonic()
+    assert token_ids(run(pool)) == [7]
+    assert time.monotonic() - started < 0.5, "failover must not wait"
+    assert (down.calls, missed_checks.calls, pool.failovers) == (1, 1, 1)
+
+
+def test_refusals_from_every_deployment_are_retried_after_pauses_that_double():
+    fakes = [FakeDynamoFrontend(REFUSED, REFUSED, (200, sse(TOKEN))) for _ in range(2)]
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", fakes[0]), deployment("p/1", fakes[1])])
+    started = time.monotonic()
+    assert token_ids(run(pool, retry_delay_s=0.2)) == [7]
+    # Rounds of one try per deployment, each after the other: p/0 and p/1, a 0.2 s pause, both again,
+    # a 0.4 s pause, then the one that answers.
+    assert sorted(f.calls for f in fakes) == [2, 3] and pool.failovers == 2
+    assert 0.6 <= time.monotonic() - started < 2.0
+
+
+def test_a_deployment_with_a_dead_process_leaves_rotation_before_its_slow_restart():
+    fake = FakeDynamoFrontend()
+    crashed = StackDouble(dead=True, restart_s=1.0)
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", fake, stack=crashed)])
+
+    async def check():
+        pools = PoolSet(Settings(), [pool])
+        checking = asyncio.create_task(pools.check_once())
+        await asyncio.sleep(0.2)
+        in_rotation_during_restart = pool.deployments[0].healthy
+        await checking
+        return in_rotation_during_restart
+
+    assert asyncio.run(check()) is False
+    assert crashed.restarts == 1 and not pool.deployments[0].healthy
 
 
 def test_a_session_stays_on_one_deployment_and_unhealthy_ones_get_nothing():
