@@ -35,9 +35,9 @@ prefills only its last partial KV block. vLLM 0.32 on CPU kills its engine when 
 seeded request is prefilled in chunks (`gpu_model_runner._bookkeeping_sync` calls
 `torch.Generator.set_offset`, which CPU generators refuse: "CPU Generator does not use
 offset"); chunking starts past 2,048 prompt tokens (vLLM's CPU default for
-max_num_batched_tokens). rollout-serve's workers avoid it by prefilling whole prompts
-(engine/stack.py); the plain vLLM baseline runs as its docs recommend, so both are
-warmed alike to keep the comparison fair.
+max_num_batched_tokens). rollout-serve's workers rewind the generator another way
+(engine/cpu_seeded_chunks.py); the plain vLLM baseline runs as its docs recommend, so
+both are warmed alike to keep the comparison fair.
 
 How each response is judged (`judge`):
 

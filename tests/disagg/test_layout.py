@@ -72,7 +72,7 @@ def test_worker_specs_carry_role_nixl_and_prefill_budget(tmp_path):
     env = {"DYN_DISCOVERY_BACKEND": "file"}
     prefill, decode = (stack._worker_spec(w, env) for w in stack.workers)
 
-    assert prefill.argv[2] == "engine.prefill_worker" and decode.argv[2] == "engine.dynamo_worker"
+    assert prefill.argv[2] == decode.argv[2] == "engine.dynamo_worker"
     for spec, role in ((prefill, "prefill"), (decode, "decode")):
         argv = spec.argv
         assert argv[argv.index("--disaggregation-mode") + 1] == role
