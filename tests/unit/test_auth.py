@@ -55,10 +55,10 @@ def test_keys_map_to_teams_and_are_stored_hashed(tmp_path, model_dir):
 
 
 def test_open_mode_without_keys_and_503_when_the_engine_is_unreachable(tmp_path, model_dir):
-    app = make_app(model_dir, f"sqlite:///{tmp_path / 'empty.db'}")
-    assert app.get("/v1/models").status_code == 200
-    resp = app.post("/v1/chat/completions", json={"model": "tiny-qwen2", "max_tokens": 2,
-                                                  "messages": [{"role": "user", "content": "hi"}]})
+    with make_app(model_dir, f"sqlite:///{tmp_path / 'empty.db'}") as app:  # its shutdown closes the engine client
+        assert app.get("/v1/models").status_code == 200
+        resp = app.post("/v1/chat/completions", json={"model": "tiny-qwen2", "max_tokens": 2,
+                                                      "messages": [{"role": "user", "content": "hi"}]})
     assert resp.status_code == 503
     assert resp.json()["error"]["type"] == "service_unavailable"
     assert resp.headers["retry-after"] == "1"
