@@ -38,6 +38,8 @@ def _restoring_discarded_generators(sample):
     @functools.wraps(sample)
     def wrapper(self, *args, **kwargs):
         generators = self.input_batch.generators
+        if not generators:  # no seeded request in the batch: nothing to rewind (the usual step)
+            return sample(self, *args, **kwargs)
         saved = {i: generators[i].get_state() for i in _discarded(self) if i in generators}
         output = sample(self, *args, **kwargs)
         for i, state in saved.items():
@@ -50,6 +52,8 @@ def _without_discarded_generators(bookkeeping_sync):
     @functools.wraps(bookkeeping_sync)
     def wrapper(self, *args, **kwargs):
         generators = self.input_batch.generators
+        if not generators:
+            return bookkeeping_sync(self, *args, **kwargs)
         discarded = set(_discarded(self))
         self.input_batch.generators = {i: g for i, g in generators.items() if i not in discarded}
         try:

@@ -165,13 +165,13 @@ class PoolSet:
 
     # ---- requests -----------------------------------------------------------------------------
 
-    async def pick(self, pool: Pool, session_id: str | None, refusals: Counter[str] | None = None) -> Deployment:
+    async def pick(self, pool: Pool, session_id: str | None, refusals: Counter[str]) -> Deployment:
         """A deployment for a request: the same healthy one for a session while it stays healthy (its KV is
         there); after refusals, one that refused this request fewer times (`least_refused`). A serverless
         pool at zero first waits for a cold start."""
         if not pool.serving() and pool.config.kind == "serverless":
             await self._cold_start(pool)
-        fresh = self.least_refused(pool, refusals or Counter())
+        fresh = self.least_refused(pool, refusals)
         return fresh[hash(session_id or "") % len(fresh)]
 
     @staticmethod

@@ -22,6 +22,7 @@ def pytest_runtest_makereport(item, call):
 
 
 def _running_stacks(values) -> list:
+    """The RunningStacks among a test's fixture values, and inside a tuple, list or object among them."""
     from tests.stack_harness import RunningStack
     found = []
     for value in values:
