@@ -189,7 +189,7 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
     `streams` (True: streamed responses, False: whole responses). `interval`: the stream interval of streamed
     responses on both sides (vLLM --stream-interval; rollout-serve's stream_interval setting)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port_block(1, start=41000)
+    port = free_port_block(1, start=29000)
     vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log", ("--stream-interval", str(interval)))
     stack = start_stack(tmp / "agg", workers=1, extra_args=["--stream-interval", str(interval)])
     targets = {"direct": f"http://127.0.0.1:{port}", "dynamo": stack.frontend_url, "front": stack.url}

@@ -315,7 +315,7 @@ def run_ours(model_dir: Path, tmp: Path, cases: list[Case], args: argparse.Names
 
 
 def run_plain_vllm(model_dir: Path, tmp: Path, cases: list[Case], args: argparse.Namespace):
-    port = free_port_block(1, start=41000)
+    port = free_port_block(1, start=29000)
     server = start_plain_vllm_with_tool_parser(model_dir, port, tmp / "vllm.log")
     try:
         return run_suite(f"http://127.0.0.1:{port}", cases, args)

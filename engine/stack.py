@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from engine import disaggregation
+from engine import disaggregation, ports
 from engine.kv_tier import service as kv_tier_service
 from engine.kv_tier.config import TierConnectorConfig, kv_transfer_config
 from engine.kv_tier.policy import write_policy_version
@@ -208,7 +208,25 @@ class Stack:
 
     # ---- life cycle ----------------------------------------------------------------------
 
+    def _fixed_ports(self) -> dict[int, str]:
+        """Port -> what listens there, for every port this stack's children bind by number."""
+        wanted = {self.settings.frontend_port: "Dynamo frontend"}
+        for worker in self.workers:
+            wanted[worker.system_port] = f"worker {worker.index} health"
+            wanted[worker.kv_events_port] = f"worker {worker.index} KV events"
+            if worker.nixl_port is not None:
+                wanted[worker.nixl_port] = f"worker {worker.index} NIXL side channel"
+        tier = self.settings.kv_tier
+        if tier.enabled:
+            wanted |= {tier.master_port: "KV tier master (kv_tier.port_base)", tier.metrics_port: "KV tier metrics",
+                      tier.holder_port: "KV tier segment holder"}
+        return wanted
+
     def start(self, wait: bool = True) -> None:
+        taken = ports.ports_in_use(self._fixed_ports())
+        if taken:
+            raise StackStartError(f"port(s) already in use: {', '.join(taken)}; stop what holds them or choose "
+                                  "other ports (rollout-serve up --help)")
         discovery_dir = self.run_dir / "discovery"
         shutil.rmtree(discovery_dir, ignore_errors=True)  # stale registrations would confuse the router
         discovery_dir.mkdir(parents=True, exist_ok=True)

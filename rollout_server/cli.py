@@ -62,6 +62,7 @@ def _interrupt(signum, frame):
 def cmd_up(args: argparse.Namespace) -> int:
     from engine.pool_config import PoolFileError, load_pools
     from engine.pools import PoolSet
+    from engine.ports import is_free
     from engine.stack import Stack, StackStartError
     from rollout_server.tiny_model import resolve_model
 
@@ -71,6 +72,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     except PoolFileError as exc:
         log.error("%s", exc)
         return 2
+    if not is_free(settings.port):  # said now, not after minutes of engine start-up
+        log.error("port %d (the front door, --port) is already in use", settings.port)
+        return 1
     model_dir, model_name = resolve_model(settings)
     stack = Stack(settings, model_dir, model_name)
     pools = PoolSet.build(settings, stack, declared)

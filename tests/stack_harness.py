@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,27 +17,21 @@ from pathlib import Path
 
 import httpx
 
+from engine.ports import ephemeral_range, is_free
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE_DIR = Path(os.environ.get("ROLLOUT_SERVE_TEST_CACHE", REPO / ".cache" / "rollout-serve"))
 
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 def free_port_block(size: int, start: int = 30000) -> int:
-    """The first port p >= start such that p .. p+size-1 are all free."""
+    """The first port p >= start such that p .. p+size-1 are all free, below the kernel's ephemeral range
+    (a port in it can be taken by any connection between this check and the child's bind: engine/ports.py)."""
     port = start
-    while port < 60000:
-        if all(_port_is_free(port + i) for i in range(size)):
+    while port + size <= ephemeral_range().start:
+        if all(is_free(port + i) for i in range(size)):
             return port
         port += size + 7
-    raise RuntimeError("no free port block")
+    raise RuntimeError(f"no {size} free ports from {start} below the ephemeral range")
 
 
 @dataclass

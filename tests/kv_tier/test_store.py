@@ -29,7 +29,7 @@ def start_tier(run_dir, start_port: int) -> tuple[KvTierSettings, list[ChildProc
 
 @pytest.fixture(scope="module")
 def tier(tmp_path_factory):
-    settings, children = start_tier(tmp_path_factory.mktemp("tier"), 42000)
+    settings, children = start_tier(tmp_path_factory.mktemp("tier"), 32100)
     yield settings
     stop_all(children)
 
@@ -105,7 +105,7 @@ def test_a_full_tier_evicts_old_objects_to_take_new_ones(tier, store):
 
 
 def test_when_the_master_dies_the_store_fails_fast_instead_of_stalling_every_call(tmp_path):
-    settings, children = start_tier(tmp_path, 42100)
+    settings, children = start_tier(tmp_path, 32200)
     try:
         store = TierStore(settings.master_address)
         data = objects(2, 4096, seed=4)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.stack
 
 @pytest.fixture(scope="module")
 def two_worker_tier(tmp_path_factory):
-    tier = KvTierSettings(enabled=True, capacity_gib=0.25, nvfp4=False, port_base=free_port_block(3, start=43100))
+    tier = KvTierSettings(enabled=True, capacity_gib=0.25, nvfp4=False, port_base=free_port_block(3, start=32400))
     stack = start_stack(
         tmp_path_factory.mktemp("tier-routing"), workers=2,
         extra_args=["--kv-cache-gib", repr(KV_CACHE_GIB), "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16"],

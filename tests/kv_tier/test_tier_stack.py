@@ -56,7 +56,7 @@ class Completion:
 @pytest.fixture(scope="module", params=["lossless", "nvfp4"])
 def tier_stack(request, tmp_path_factory):
     nvfp4 = request.param == "nvfp4"
-    tier = KvTierSettings(enabled=True, capacity_gib=0.25, nvfp4=nvfp4, port_base=free_port_block(3, start=43000))
+    tier = KvTierSettings(enabled=True, capacity_gib=0.25, nvfp4=nvfp4, port_base=free_port_block(3, start=32300))
     stack = start_stack(
         tmp_path_factory.mktemp(f"tier-{request.param}"), workers=1,
         extra_args=["--kv-cache-gib", repr(KV_CACHE_GIB), "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16"],
