@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Awaitable, Callable
 
 from engine.disaggregation import is_disaggregated
 from engine.frontend_client import DynamoFrontendClient
@@ -38,6 +38,7 @@ class Deployment:
     client: DynamoFrontendClient
     ready_workers: int = 0        # from the last health check; 0 = out of rotation
     failed_checks: int = 0        # consecutive checks that found no ready worker while every process ran
+    fresh_workers: set[int] = field(default_factory=set)  # (re)started by the supervisor, not yet prepared
 
     @property
     def healthy(self) -> bool:
@@ -88,6 +89,9 @@ class PoolSet:
         # The checkpoint the pools serve now (set by the front door from its deploy registry): a worker
         # started or restarted later loads it.
         self.current_model_dir: Callable[[], Path] | None = None
+        # What a worker started later loads beside those weights (the LoRA adapters the pools serve); a
+        # fresh worker counts as ready only once it has.
+        self.prepare_workers: Callable[[list[WorkerHandle]], Awaitable[None]] | None = None
         self.closing = False  # set at shutdown: nothing is restarted any more
         self._next_core = 0
         self._wake = asyncio.Event()
@@ -246,9 +250,10 @@ class PoolSet:
             if was_healthy:
                 log.warning("deployment %s lost a process: drained, out of rotation", deployment.name)
             self._follow_served_weights(stack)
+            deployment.fresh_workers |= set(stack.dead_worker_indices())
             await asyncio.to_thread(stack.restart_dead)
             return
-        ready = await asyncio.to_thread(stack.ready_workers)
+        ready = len(await self._prepared_ready_workers(deployment))
         if not ready and was_healthy and stack.all_alive() and deployment.failed_checks < MISSED_CHECKS_TOLERATED:
             deployment.failed_checks += 1  # a health probe that timed out on a loaded machine is not a death
             return
@@ -273,6 +278,7 @@ class PoolSet:
             log.info("pool %s: scaling up to %d worker(s) (%s)", pool.name, workers + 1,
                      "cold start" if workers == 0 else f"{pool.in_flight} requests in flight")
             self._follow_served_weights(stack)
+            deployment.fresh_workers.add(worker.index)
             await asyncio.to_thread(stack.add_worker, worker)
             pool.cold_starts += workers == 0
             return
@@ -283,6 +289,23 @@ class PoolSet:
             await asyncio.to_thread(stack.remove_worker, stack.workers[-1])
             deployment.ready_workers = await asyncio.to_thread(stack.ready_workers)
             pool.last_active = time.monotonic()  # the next worker goes after another idle period
+
+    async def _prepared_ready_workers(self, deployment: Deployment) -> set[int]:
+        """The deployment's ready workers, after giving the fresh ones among them what the pools serve."""
+        ready = set(await asyncio.to_thread(deployment.stack.ready_worker_indices))
+        fresh = deployment.fresh_workers & ready
+        if fresh and self.prepare_workers:
+            handles = [h for h in await asyncio.to_thread(deployment.stack.worker_handles) if h.index in fresh]
+            try:
+                await self.prepare_workers(handles)
+                deployment.fresh_workers -= fresh
+                log.info("deployment %s: fresh worker(s) %s loaded what the pool serves", deployment.name,
+                         sorted(fresh))
+            except Exception as exc:  # noqa: BLE001 -- tried again at the next check
+                log.warning("deployment %s: could not prepare worker(s) %s yet: %s", deployment.name, sorted(fresh), exc)
+        elif fresh:
+            deployment.fresh_workers -= fresh
+        return ready - deployment.fresh_workers
 
     def _follow_served_weights(self, stack: Stack) -> None:
         if self.current_model_dir:

@@ -330,11 +330,17 @@ class Stack:
         return all(child.alive() for child in self.children)
 
     def ready_workers(self) -> int:
-        """Workers that answer ready, provided the frontend answers and lists the model (0 otherwise)."""
+        return len(self.ready_worker_indices())
+
+    def ready_worker_indices(self) -> list[int]:
+        """Workers that answer ready, provided the frontend answers and lists the model (none otherwise)."""
         if self.frontend is None or not self.frontend.alive() or not self._frontend_lists_model():
-            return 0
-        return sum(1 for w in self.workers if self.worker_children[w.index].alive()
-                   and worker_health(w.system_port).get("status") == "ready")
+            return []
+        return [w.index for w in self.workers if self.worker_children[w.index].alive()
+                and worker_health(w.system_port).get("status") == "ready"]
+
+    def dead_worker_indices(self) -> list[int]:
+        return [w.index for w in self.workers if not self.worker_children[w.index].alive()]
 
     def wait_until_healthy(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s

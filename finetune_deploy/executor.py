@@ -167,6 +167,15 @@ class Deployer:
             workers = await self.list_workers()
             await self._load_adapter(adapter, workers, self._start(adapter, "restore", "every_worker", len(workers)))
 
+    async def load_serving_adapters(self, workers: list[WorkerHandle]) -> None:
+        """Gives workers started after the deploys (restarted or scaled up: they start on the served weights,
+        engine/pools.py) the adapters served beside those weights."""
+        for adapter in self.registry.serving_adapters(self.pool):
+            for worker in workers:
+                await WorkerControl(worker).load_lora(adapter.name, Path(adapter.path))
+            log.info("pool %s: adapter %s version %d loaded on %s", self.pool, adapter.name, adapter.version,
+                     ", ".join(w.name for w in workers))
+
     # ---- full weights --------------------------------------------------------------------------
 
     async def _roll(self, version: PolicyVersion, workers: list[WorkerHandle], steps: list[Step],

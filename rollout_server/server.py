@@ -92,6 +92,7 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack,
     database = open_database(settings.resolved_database_url)
     deployer = deployer_for(settings, database, model_dir, model_name, stack, pools)
     pools.current_model_dir = lambda: Path(deployer.models.base.path or model_dir)
+    pools.prepare_workers = deployer.load_serving_adapters
     ctx = ServingContext(
         settings=settings, tokenizer=tokenizer, client=PoolRouter(pools),
         metrics=Metrics(), models=deployer.models, max_model_len=model_context_window(model_dir, settings),

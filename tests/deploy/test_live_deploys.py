@@ -5,7 +5,9 @@ same prompt computed independently with Hugging Face transformers on each checkp
 """
 
 import asyncio
+import os
 import shutil
+import signal
 
 import httpx
 import pytest
@@ -14,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from tests.deploy.checkpoint_factory import copy_checkpoint, rewrite_weights, write_lora_adapter
+from tests.pools.pool_stack import wait_for
 from tests.stack_harness import start_stack
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
@@ -57,6 +60,12 @@ def complete(stack, prompt, model="tiny-qwen2", tokens=GREEDY_TOKENS, **extra) -
     answer = response.json()
     assert response.headers["x-policy-version"] == str(answer["policy_version"])
     return answer
+
+
+def pool_back(stack, killed_pids: list[int]) -> bool:
+    default = {p["name"]: p for p in httpx.get(f"{stack.url}/v1/pools", timeout=30).json()["data"]}["default"]
+    pids = default["deployments"][0]["worker_pids"]
+    return default["ready_workers"] == len(killed_pids) and not set(pids) & set(killed_pids)
 
 
 def admin_post(stack, path: str, body: dict) -> httpx.Response:
@@ -158,7 +167,7 @@ def test_full_deploy_under_streaming_load_stamps_every_response(stack, checkpoin
     assert [w["policy_version"] for w in workers] == [1, 1]
 
 
-def test_a_lora_adapter_is_served_under_its_own_id(stack, checkpoints, base_dir, tokenizer):
+def test_a_lora_adapter_is_served_under_its_own_id_also_by_restarted_workers(stack, checkpoints, base_dir, tokenizer):
     adapter = write_lora_adapter(checkpoints["root"] / "coder-lora", base_dir, rank=8, stable=False)
     tensors = load_file(adapter / "adapter_model.safetensors")
     generator = torch.Generator().manual_seed(0)
@@ -178,6 +187,16 @@ def test_a_lora_adapter_is_served_under_its_own_id(stack, checkpoints, base_dir,
     assert with_adapter["model"] == "tiny-coder" and with_adapter["policy_version"] == lora_version
     assert base["policy_version"] == 1
     assert with_adapter["choices"][0]["token_ids"] != base["choices"][0]["token_ids"]
+
+    # Workers that die come back with the served weights and the adapter before they take requests.
+    killed = [w["pid"] for w in stack.status()["workers"]]
+    for pid in killed:
+        os.killpg(pid, signal.SIGKILL)
+    wait_for(lambda: pool_back(stack, killed), 300, "both workers restarted and in rotation")
+    for before, model in ((with_adapter, "tiny-coder"), (base, "tiny-qwen2")):
+        after = complete(stack, PROMPT, model=model)
+        assert (after["policy_version"], after["choices"][0]["token_ids"]) == (before["policy_version"],
+                                                                             before["choices"][0]["token_ids"])
 
     unloaded = admin_post(stack, "/v1/rl/update_weights",
                           {"version": 99, "target": {"kind": "lora", "op": "unload", "name": "tiny-coder"}})

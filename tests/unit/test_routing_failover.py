@@ -18,6 +18,7 @@ from engine.frontend_client import DynamoFrontendClient, EngineRequest
 from engine.pool_config import PoolConfig
 from engine.pools import Deployment, Pool, PoolSet
 from engine.routing import PoolRouter
+from engine.worker_control import WorkerControlError, WorkerHandle
 from rollout_server.errors import APIError
 from rollout_server.settings import Settings
 
@@ -104,6 +105,18 @@ class StackDouble:
         self.restarts += 1
         self.dead = False
         return ["worker-0"]
+
+    def dead_worker_indices(self) -> list[int]:
+        return [0] if self.dead else []
+
+    def ready_worker_indices(self) -> list[int]:
+        return [] if self.dead else [0]
+
+    def serves_a_request(self) -> bool:
+        return True
+
+    def worker_handles(self) -> list[WorkerHandle]:
+        return [WorkerHandle(0, 18080)]
 
 
 def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1, connector=None, stack=None) -> Deployment:
@@ -244,6 +257,29 @@ def test_a_deployment_with_a_dead_process_leaves_rotation_before_its_slow_restar
 
     assert asyncio.run(check()) is False
     assert crashed.restarts == 1 and not pool.deployments[0].healthy
+
+
+def test_a_restarted_worker_is_back_in_rotation_only_once_it_has_what_the_pool_serves():
+    crashed = StackDouble(dead=True)
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", FakeDynamoFrontend(), stack=crashed)])
+    prepared: list[list[int]] = []
+
+    async def load_adapters(workers: list[WorkerHandle]) -> None:
+        prepared.append([w.index for w in workers])
+        if len(prepared) == 1:
+            raise WorkerControlError("worker-0: not ready for adapters yet")
+
+    async def checks() -> list[bool]:
+        pools = PoolSet(Settings(), [pool])
+        pools.prepare_workers = load_adapters
+        in_rotation = []
+        for _ in range(3):  # the restart; a check whose preparation fails; one whose preparation works
+            await pools.check_once()
+            in_rotation.append(pool.deployments[0].healthy)
+        return in_rotation
+
+    assert asyncio.run(checks()) == [False, False, True]
+    assert prepared == [[0], [0]] and crashed.restarts == 1
 
 
 def test_a_session_stays_on_one_deployment_and_unhealthy_ones_get_nothing():
