@@ -23,26 +23,16 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Literal
-
-from pydantic import BaseModel, Field
+from typing import Awaitable, Callable
 
 from engine.worker_control import WorkerControl, WorkerControlError, WorkerHandle
 from finetune_deploy.api_models import WeightUpdate
 from finetune_deploy.registry import CheckpointRegistry, PolicyVersion
 from finetune_deploy.rollout_plan import Mode, Step, plan_rollout
+from finetune_deploy.settings import DeploySettings
 from rollout_server.served_models import ModelTable
 
 log = logging.getLogger(__name__)
-
-
-class DeploySettings(BaseModel):
-    pool: str = Field("default", description="name of the pool the stack's workers form")
-    in_flight: Literal["finish", "abort"] = Field(
-        "finish", description="requests running on a worker that is about to load new weights: finish them on the "
-                              "old weights first, or abort them with a retryable error")
-    mode: Mode = Field("rolling", description="full-weight deploys: rolling (one worker at a time; needs 2+ "
-                                              "workers, else all_at_once) or all_at_once")
 
 
 class DeployError(RuntimeError):

@@ -32,7 +32,6 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import pydantic
 from sqlalchemy import (BigInteger, Column, Float, Index, Integer, MetaData, String, Table, Text, and_, case,
                         create_engine, event, func, or_, select, update)
 from sqlalchemy.engine import Connection, Engine
@@ -44,17 +43,6 @@ COMPLETION_WINDOWS = {"24h": 24 * 3600}
 ACTIVE = ("in_progress", "cancelling")
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
-
-
-class BatchSettings(pydantic.BaseModel):
-    enabled: bool = True
-    dir: Path = Path("batches")              # relative: under the state dir (as TraceSettings.dir)
-    database_url: str | None = None          # default: SQLite <dir>/batches.db
-    max_in_flight: int = pydantic.Field(default=4, ge=1)     # batch lines running at once
-    max_file_bytes: int = pydantic.Field(default=200 * 2**20, ge=1)
-    max_lines: int = pydantic.Field(default=50_000, ge=1)
-    poll_s: float = pydantic.Field(default=1.0, gt=0)        # runner's idle re-check interval
-    yield_sleep_s: float = pydantic.Field(default=0.5, gt=0)  # pause while interactive load asks batches to yield
 
 
 _metadata = MetaData()

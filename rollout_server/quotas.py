@@ -29,11 +29,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-import pydantic
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, delete, select
 from sqlalchemy.engine import Engine
 
 from rollout_server.errors import APIError
+from rollout_server.settings import QuotaSettings
 
 if TYPE_CHECKING:  # only for annotations: importing generation loads transformers (seconds)
     from rollout_server.generation import FinishedGeneration
@@ -41,14 +41,6 @@ if TYPE_CHECKING:  # only for annotations: importing generation loads transforme
 SECONDS_PER_MINUTE = 60.0
 # Float refills may land a hair below a whole amount exactly at the promised time.
 _ROUNDING_SLACK = 1e-9
-
-
-class QuotaSettings(pydantic.BaseModel):
-    # Defaults for keys with no row (or a NULL column) in key_limits; None: no limit.
-    requests_per_min: int | None = pydantic.Field(default=None, ge=1)
-    tokens_per_min: int | None = pydantic.Field(default=None, ge=1)
-    # How long a key's limits are cached before key_limits is read again.
-    limits_cache_s: float = pydantic.Field(default=10.0, ge=0)
 
 
 _metadata = MetaData()

@@ -9,14 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.kv_tier.settings import KvTierSettings
-from finetune_deploy.executor import DeploySettings
-from rollout_server.batches import BatchSettings
-from rollout_server.quotas import QuotaSettings
-from rollout_server.usage import UsageSettings
+from finetune_deploy.settings import DeploySettings
 from trace_pipeline.config import TraceSettings
 
 # Defaults measured by benchmarks/agentic.py (docs/benchmarks.md, "Agentic sessions").
@@ -29,6 +26,33 @@ UNSTREAMED_INTERVAL = 16
 
 def _home_cache() -> Path:
     return Path.home() / ".cache" / "rollout-serve"
+
+
+class UsageSettings(BaseModel):
+    enabled: bool = Field(True, description="count every request's tokens per key, team and model (rollout_server/usage.py)")
+    flush_every_s: float = Field(1.0, gt=0, description="how often the aggregated counts are written (the most a "
+                                                        "killed process loses)")
+
+
+class QuotaSettings(BaseModel):
+    """Defaults for keys with no row (or a NULL column) in key_limits (rollout_server/quotas.py)."""
+
+    requests_per_min: int | None = Field(None, ge=1, description="requests per minute per key (None: no limit)")
+    tokens_per_min: int | None = Field(None, ge=1, description="prompt + completion tokens per minute per key "
+                                                               "(None: no limit)")
+    limits_cache_s: float = Field(10.0, ge=0, description="how long a key's limits are cached before key_limits "
+                                                          "is read again")
+
+
+class BatchSettings(BaseModel):
+    enabled: bool = Field(True, description="serve the Batch API (rollout_server/batches.py)")
+    dir: Path = Field(Path("batches"), description="batch files (relative: under the state dir)")
+    database_url: str | None = Field(None, description="batch records (default: SQLite <dir>/batches.db)")
+    max_in_flight: int = Field(4, ge=1, description="batch lines running at once")
+    max_file_bytes: int = Field(200 * 2**20, ge=1, description="largest input file accepted")
+    max_lines: int = Field(50_000, ge=1, description="most lines in one input file")
+    poll_s: float = Field(1.0, gt=0, description="the runner's idle re-check interval")
+    yield_sleep_s: float = Field(0.5, gt=0, description="pause while interactive load asks batches to yield")
 
 
 class Settings(BaseSettings):

@@ -31,7 +31,6 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Callable
 
-import pydantic
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, String, Table, func, select
 from sqlalchemy.engine import Engine
@@ -48,12 +47,6 @@ log = logging.getLogger(__name__)
 DEFAULT_POOL = "default"
 GROUP_BY_FIELDS = ("team", "key", "model", "pool", "day")
 SECONDS_PER_DAY = 86400
-
-
-class UsageSettings(pydantic.BaseModel):
-    enabled: bool = True
-    # How often the writer thread inserts the aggregated counts (and so the most a killed process loses).
-    flush_every_s: float = pydantic.Field(default=1.0, gt=0)
 
 
 _metadata = MetaData()

@@ -8,7 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
-from finetune_deploy.executor import Deployer, DeploySettings
+from finetune_deploy.executor import Deployer
+from finetune_deploy.settings import DeploySettings
 from finetune_deploy.registry import CheckpointRegistry
 from rollout_server.app import AppState, create_app
 from rollout_server.auth import Authenticator, KeyStore, open_database

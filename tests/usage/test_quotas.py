@@ -9,7 +9,8 @@ from sqlalchemy import create_engine
 
 from rollout_server.errors import APIError
 from rollout_server.generation import FinishedGeneration
-from rollout_server.quotas import KeyLimits, KeyLimitStore, QuotaSettings, RateLimiter
+from rollout_server.quotas import KeyLimits, KeyLimitStore, RateLimiter
+from rollout_server.settings import QuotaSettings
 from tests.usage.support import ManualClock, client_for
 
 
