@@ -213,6 +213,16 @@ def _json_or_message(raw: bytes) -> dict:
         return {"message": raw.decode(errors="replace")[:500]}
 
 
+def _stream_error(payload: dict) -> APIError:
+    """An error event in Dynamo's stream: a 4xx code is the request's own fault (not worth a retry),
+    anything else the engine's."""
+    message = payload.get("error") or payload.get("message") or payload
+    code = payload.get("code")
+    if isinstance(code, int) and 400 <= code < 500:
+        return APIError(code, f"the engine refused the request: {message}")
+    return unavailable(f"the engine failed mid-request: {message}")
+
+
 async def _sse_chunks(lines: aiohttp.StreamReader) -> AsyncIterator[EngineChunk]:
     event = None
     async for raw in lines:
@@ -230,6 +240,6 @@ async def _sse_chunks(lines: aiohttp.StreamReader) -> AsyncIterator[EngineChunk]
             return
         payload = msgspec.json.decode(data)  # the per-token hot path: msgspec is several times faster than json
         if event == "error" or "error" in payload or ("message" in payload and "choices" not in payload):
-            raise unavailable(f"the engine failed mid-request: {payload.get('error') or payload.get('message') or payload}")
+            raise _stream_error(payload)
         yield _parse_chunk(payload)
     raise unavailable("the engine's stream ended before the request finished (its worker may have died)")

@@ -19,7 +19,7 @@ from engine.frontend_client import ChoiceDelta, EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
-    ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, sampling_dict, session_id_for, sse,
+    ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, sampling_for, session_id_for, sse,
     stream_interval_for,
 )
 from rollout_server.logprobs import chat_logprobs
@@ -110,7 +110,7 @@ def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, sessio
     guided = tool_plan.guided if tool_plan else guided_for_response_format(req.response_format)
     return EngineRequest(
         model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
-        max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.top_logprobs or 0,
+        max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.top_logprobs or 0,
         guided=guided, session_id=session_id, prompt_param="messages",
         stream_interval=stream_interval_for(ctx, req.stream),
     )

@@ -10,7 +10,7 @@ from engine.frontend_client import EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
-    ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, sampling_dict,
+    ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, sampling_for,
     session_id_for, sse, start_all, stream_interval_for,
 )
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
@@ -46,7 +46,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
         max_tokens = check_prompt(ctx, ids, req.max_tokens, "prompt")
         engine_request = EngineRequest(
             model=req.model, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
-            prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_dict(req), top_logprobs=req.logprobs or 0,
+            prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.logprobs or 0,
             guided=guided_for_response_format(req.response_format), session_id=session_id,
             prompt_param="prompt", stream_interval=stream_interval_for(ctx, req.stream))
         generations.append(Generation(ctx, engine_request, who=who, endpoint="completions",
@@ -118,7 +118,7 @@ async def generate(ctx: ServingContext, req: GenerateRequest, session_header: st
     max_tokens = check_prompt(ctx, req.token_ids, params.max_tokens, "token_ids")
     engine_request = EngineRequest(
         model=req.model, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
-        max_tokens=max_tokens, sampling=sampling_dict(params), top_logprobs=params.logprobs or 0,
+        max_tokens=max_tokens, sampling=sampling_for(ctx, params, max_tokens, "sampling_params."), top_logprobs=params.logprobs or 0,
         session_id=session_id_for(session_header, params.user), prompt_param="token_ids",
         stream_interval=stream_interval_for(ctx, streamed=False))
     generation = Generation(ctx, engine_request, who=who, endpoint="generate", request_body=req.model_dump(exclude_none=True))

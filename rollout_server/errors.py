@@ -62,6 +62,10 @@ def validation_error(exc: RequestValidationError) -> APIError:
     if first.get("type") == "json_invalid":
         return bad_request(f"Malformed JSON in request body: {first.get('ctx', {}).get('error', first.get('msg'))}",
                            code="invalid_json")
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") in ("missing", "model_attributes_type"):
+        # null, [], 5, "x", or a body sent without Content-Type: application/json
+        return bad_request("The request body must be a JSON object, sent with Content-Type: application/json.",
+                           code="invalid_value")
     param = _param_from_location(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid value")
     if first.get("type") == "missing":

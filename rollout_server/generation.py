@@ -112,7 +112,16 @@ def session_id_for(header: str | None, user: str | None) -> str:
     return header or user or f"sess-{uuid.uuid4().hex}"
 
 
-def sampling_dict(fields: SamplingFields) -> dict:
+def sampling_for(ctx: ServingContext, fields: SamplingFields, max_tokens: int, param_prefix: str = "") -> dict:
+    """The sampling fields passed to the engine, checked where they depend on the model or on max_tokens
+    (the engine would refuse them with no field named)."""
+    if fields.min_tokens is not None and fields.min_tokens > max_tokens:
+        raise bad_request(f"min_tokens ({fields.min_tokens}) must be at most max_tokens ({max_tokens})",
+                          param=f"{param_prefix}min_tokens")
+    bad = ctx.tokenizer.out_of_vocab(fields.stop_token_ids or [])
+    if bad is not None:
+        raise bad_request(f"Token id {bad} is out of vocabulary (vocabulary size {ctx.tokenizer.vocab_size}).",
+                          param=f"{param_prefix}stop_token_ids", code="token_out_of_vocabulary")
     return {name: getattr(fields, name) for name in _PASSED_THROUGH if getattr(fields, name) is not None}
 
 

@@ -19,12 +19,12 @@ class _Request(BaseModel):
 class SamplingFields(_Request):
     """Sampling knobs shared by every generation endpoint."""
 
-    temperature: float | None = Field(None, ge=0.0)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=64)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)
     stop: str | list[str] | None = None
     stop_token_ids: list[NonNegativeInt] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -34,14 +34,25 @@ class SamplingFields(_Request):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None  # refused when set (below), never passed on
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias_unsupported(cls, v):
+        # Dynamo's frontend validates logit_bias but does not hand it to vLLM: refused, not silently dropped.
+        if v:
+            raise ValueError("logit_bias is not supported by this server (its engine path does not apply it)")
+        return v
 
     @field_validator("stop")
     @classmethod
     def _stop_list(cls, v):
         if isinstance(v, str):
-            return [v]
+            v = [v]
         if v is not None and len(v) > 16:
             raise ValueError("at most 16 stop sequences")
+        if v is not None and "" in v:
+            raise ValueError("a stop sequence must not be empty")
         return v
 
 

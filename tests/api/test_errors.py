@@ -29,6 +29,12 @@ def test_malformed_json(stack):
                  code="invalid_json")
 
 
+@pytest.mark.parametrize("content", [b"null", b"[]", b"5", b'"hello"'])
+def test_a_body_that_is_not_an_object_is_refused(stack, content):
+    error = assert_error(post(stack, "/v1/chat/completions", content=content), 400, code="invalid_value")
+    assert error["message"].startswith("The request body must be a JSON object")
+
+
 def test_unknown_model(stack, client):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="no-such-model", messages=MSG)
@@ -47,6 +53,15 @@ def test_unknown_model(stack, client):
     ("/v1/chat/completions", {"model": MODEL}, "messages"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 99}, "logprobs"),
     ("/v1/completions", {"model": MODEL, "prompt": []}, "prompt"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"100": 100}}, "logit_bias"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "stop": ""}, "stop"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "seed": 2**70}, "seed"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "temperature": 3}, "temperature"),
+    # Checked against max_tokens and the vocabulary: the engine would refuse them mid-stream, naming nothing.
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "min_tokens": 10, "max_tokens": 3}, "min_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop_token_ids": [10**6]}, "stop_token_ids"),
+    ("/inference/v1/generate", {"model": MODEL, "token_ids": [1], "sampling_params": {"min_tokens": 9, "max_tokens": 2}},
+     "sampling_params.min_tokens"),
     ("/inference/v1/generate", {"model": MODEL, "token_ids": [1, -2]}, "token_ids.1"),
     ("/inference/v1/generate", {"model": MODEL, "token_ids": [1], "sampling_params": {"max_tokens": "many"}},
      "sampling_params.max_tokens"),

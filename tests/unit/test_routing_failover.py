@@ -194,6 +194,15 @@ def test_a_bad_request_is_not_retried():
     assert fake.calls == 1 and refused.value.status == 400
 
 
+def test_a_request_the_engine_refuses_in_its_stream_is_a_client_error_not_retried():
+    # What Dynamo streams when vLLM refuses a request it had accepted (e.g. its sampling parameters).
+    refused_in_stream = {"message": "Invalid request", "type": "invalid_request_error", "code": 400}
+    fake = FakeDynamoFrontend((200, sse(refused_in_stream)), (200, sse(TOKEN)))
+    with pytest.raises(APIError) as refused:
+        run(one_deployment_pool(fake))
+    assert fake.calls == 1 and refused.value.status == 400 and "Invalid request" in refused.value.message
+
+
 @pytest.mark.parametrize("status", [404, 500])
 def test_a_deployment_that_lost_its_workers_or_failed_before_output_is_retried(status):
     # Dynamo answers 404 for a model whose last worker went away: another deployment may still serve it.
