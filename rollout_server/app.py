@@ -24,7 +24,7 @@ from rollout_server.batch_api import batches_router
 from rollout_server.batch_runner import BatchRunner
 from rollout_server.chat import chat_completions
 from rollout_server.completions import completions, generate
-from rollout_server.errors import APIError, install_error_handlers, validation_error
+from rollout_server.errors import APIError, install_error_handlers, model_not_found, validation_error
 from engine.pool_config import DEFAULT_POOL
 from rollout_server.generation import ServingContext
 from rollout_server.pool_access import reachable_pools
@@ -134,15 +134,25 @@ def create_app(state: AppState) -> FastAPI:
             ctx.metrics.update_pools([pool.describe() for pool in state.pools.pools.values()])
         return Response(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models")
-    async def models(who: Principal = Depends(caller)):
+    def model_cards(who: Principal) -> list[dict]:
         listed = [(m, m.id) for m in ctx.models.listing()]
         listed += [(ctx.models.base, f"{ctx.models.base.id}@{pool}") for pool in reachable_pools(who, ctx.pools)]
-        return {"object": "list", "data": [{
+        return [{
             "id": model_id, "object": "model", "created": int(m.created), "owned_by": "rollout-serve",
             "root": m.path or m.id, "parent": m.parent,
             "max_model_len": ctx.max_model_len, "policy_version": m.policy_version,
-        } for m, model_id in listed]}
+        } for m, model_id in listed]
+
+    @app.get("/v1/models")
+    async def models(who: Principal = Depends(caller)):
+        return {"object": "list", "data": model_cards(who)}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, who: Principal = Depends(caller)):
+        card = next((c for c in model_cards(who) if c["id"] == model_id), None)
+        if card is None:
+            raise model_not_found(model_id)
+        return card
 
     @app.get("/v1/pools")
     async def pools(who: Principal = Depends(caller)):

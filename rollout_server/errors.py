@@ -40,6 +40,10 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+def model_not_found(model_id: str) -> APIError:
+    return APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+
+
 def unavailable(message: str) -> APIError:
     return APIError(503, message, code="service_unavailable", headers={"Retry-After": "1"})
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from rollout_server.errors import APIError
+from rollout_server.errors import model_not_found
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class ModelTable:
             return self.base
         if model_id in self.adapters:
             return self.adapters[model_id]
-        raise APIError(404, f"The model `{model_id}` does not exist.", param="model", code="model_not_found")
+        raise model_not_found(model_id)
 
     def listing(self) -> list[ServedModel]:
         return [self.base, *self.adapters.values()]

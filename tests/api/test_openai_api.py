@@ -5,6 +5,7 @@ import json
 import math
 
 import httpx
+import openai
 import pytest
 from transformers import AutoTokenizer
 
@@ -25,6 +26,13 @@ def test_models_lists_the_context_window(client):
     assert [m.id for m in models] == [MODEL]
     assert models[0].model_extra["max_model_len"] >= 32768
     assert models[0].model_extra["policy_version"] == 0
+
+
+def test_a_model_is_retrieved_by_id_and_an_unknown_one_is_a_404(client):
+    assert client.models.retrieve(MODEL).model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.body["param"] == "model" and missing.value.body["code"] == "model_not_found"
 
 
 def test_chat_answers_and_stamps_worker_and_policy_version(client):
