@@ -39,6 +39,7 @@ class Deployment:
     ready_workers: int = 0        # from the last health check; 0 = out of rotation
     failed_checks: int = 0        # consecutive checks that found no ready worker while every process ran
     fresh_workers: set[int] = field(default_factory=set)  # (re)started by the supervisor, not yet prepared
+    prepare_error: str | None = None                        # why the last preparation of fresh workers failed
 
     @property
     def healthy(self) -> bool:
@@ -89,8 +90,7 @@ class PoolSet:
         # The checkpoint the pools serve now (set by the front door from its deploy registry): a worker
         # started or restarted later loads it.
         self.current_model_dir: Callable[[], Path] | None = None
-        # What a worker started later loads beside those weights (the LoRA adapters the pools serve); a
-        # fresh worker counts as ready only once it has.
+        # What a worker started later loads beside those weights (the LoRA adapters the pools serve).
         self.prepare_workers: Callable[[list[WorkerHandle]], Awaitable[None]] | None = None
         self.closing = False  # set at shutdown: nothing is restarted any more
         self._next_core = 0
@@ -253,7 +253,7 @@ class PoolSet:
             deployment.fresh_workers |= set(stack.dead_worker_indices())
             await asyncio.to_thread(stack.restart_dead)
             return
-        ready = len(await self._prepared_ready_workers(deployment))
+        ready = await self._ready_workers(deployment)
         if not ready and was_healthy and stack.all_alive() and deployment.failed_checks < MISSED_CHECKS_TOLERATED:
             deployment.failed_checks += 1  # a health probe that timed out on a loaded machine is not a death
             return
@@ -290,22 +290,26 @@ class PoolSet:
             deployment.ready_workers = await asyncio.to_thread(stack.ready_workers)
             pool.last_active = time.monotonic()  # the next worker goes after another idle period
 
-    async def _prepared_ready_workers(self, deployment: Deployment) -> set[int]:
-        """The deployment's ready workers, after giving the fresh ones among them what the pools serve."""
-        ready = set(await asyncio.to_thread(deployment.stack.ready_worker_indices))
-        fresh = deployment.fresh_workers & ready
+    async def _ready_workers(self, deployment: Deployment) -> int:
+        """The deployment's ready workers; fresh ones among them first load what the pools serve. One that
+        cannot yet serves the base model meanwhile (an adapter must not keep a deployment out of rotation)
+        and is tried again at the next check."""
+        ready = await asyncio.to_thread(deployment.stack.ready_worker_indices)
+        fresh = deployment.fresh_workers & set(ready)
         if fresh and self.prepare_workers:
             handles = [h for h in await asyncio.to_thread(deployment.stack.worker_handles) if h.index in fresh]
             try:
                 await self.prepare_workers(handles)
-                deployment.fresh_workers -= fresh
-                log.info("deployment %s: fresh worker(s) %s loaded what the pool serves", deployment.name,
-                         sorted(fresh))
             except Exception as exc:  # noqa: BLE001 -- tried again at the next check
-                log.warning("deployment %s: could not prepare worker(s) %s yet: %s", deployment.name, sorted(fresh), exc)
-        elif fresh:
-            deployment.fresh_workers -= fresh
-        return ready - deployment.fresh_workers
+                if str(exc) != deployment.prepare_error:
+                    log.warning("deployment %s: worker(s) %s could not load the served adapters yet: %s",
+                                deployment.name, sorted(fresh), exc)
+                deployment.prepare_error = str(exc)
+                return len(ready)
+            log.info("deployment %s: worker(s) %s loaded the served adapters", deployment.name, sorted(fresh))
+        deployment.fresh_workers -= fresh
+        deployment.prepare_error = None
+        return len(ready)
 
     def _follow_served_weights(self, stack: Stack) -> None:
         if self.current_model_dir:

@@ -268,27 +268,29 @@ def test_a_deployment_with_a_dead_process_leaves_rotation_before_its_slow_restar
     assert crashed.restarts == 1 and not pool.deployments[0].healthy
 
 
-def test_a_restarted_worker_is_back_in_rotation_only_once_it_has_what_the_pool_serves():
+@pytest.mark.parametrize("first_load_fails", [False, True])
+def test_a_restarted_worker_loads_the_served_adapters_and_a_failed_load_does_not_keep_it_out(first_load_fails):
     crashed = StackDouble(dead=True)
     pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", FakeDynamoFrontend(), stack=crashed)])
-    prepared: list[list[int]] = []
+    loads: list[list[int]] = []
 
     async def load_adapters(workers: list[WorkerHandle]) -> None:
-        prepared.append([w.index for w in workers])
-        if len(prepared) == 1:
-            raise WorkerControlError("worker-0: not ready for adapters yet")
+        loads.append([w.index for w in workers])
+        if first_load_fails and len(loads) == 1:
+            raise WorkerControlError("worker-0: adapter file missing")
 
-    async def checks() -> list[bool]:
+    async def checks() -> list[tuple[bool, int]]:
         pools = PoolSet(Settings(), [pool])
         pools.prepare_workers = load_adapters
-        in_rotation = []
-        for _ in range(3):  # the restart; a check whose preparation fails; one whose preparation works
+        seen = []
+        for _ in range(3):  # the restart; the check that finds the worker ready; one more
             await pools.check_once()
-            in_rotation.append(pool.deployments[0].healthy)
-        return in_rotation
+            seen.append((pool.deployments[0].healthy, len(loads)))
+        return seen
 
-    assert asyncio.run(checks()) == [False, False, True]
-    assert prepared == [[0], [0]] and crashed.restarts == 1
+    # Loaded before it rejoins rotation; a failed load leaves it serving the base model, tried again next check.
+    assert asyncio.run(checks()) == [(False, 0), (True, 1), (True, 2 if first_load_fails else 1)]
+    assert crashed.restarts == 1 and pool.deployments[0].fresh_workers == set()
 
 
 def test_a_session_stays_on_one_deployment_and_unhealthy_ones_get_nothing():
