@@ -16,7 +16,8 @@ grammar admits one whitespace character in each place; exactly one leading and o
 trailing whitespace character are formatting and are removed, the rest of the value is
 kept byte for byte. String parameters are JSON-quoted into `arguments` (and streamed as they
 arrive); other values are JSON already and are copied. A string value cannot
-contain `</parameter>` (the grammar forbids it).
+contain `</parameter>` (the grammar forbids it); a string inside an array or object
+value can, and there it is content, not the value's end.
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ class XmlCallBody:
 
     def _read_value(self, progress: BodyProgress) -> bool:
         end = self.pending.find(VALUE_END)
+        while end >= 0 and self.value.inside_json_string(self.pending[:end]):
+            end = self.pending.find(VALUE_END, end + 1)
         if end < 0:
             sure = len(self.pending) - unsure_tail_length(self.pending, VALUE_END)
             if sure and self.pending[sure - 1] in FORMATTING:
@@ -169,6 +172,21 @@ class ParameterValue:
         if self.is_string:
             return '"'
         return _as_json(self.raw, self.types)
+
+    def inside_json_string(self, more: str) -> bool:
+        """Whether `more`, after what was added, ends inside a JSON string of an array or object value."""
+        text = self.raw + (more if self.seen_first_character else more[1:] if more[:1] in FORMATTING else more)
+        if self.is_string or text[:1] not in "[{":
+            return False
+        inside = escaped = False
+        for char in text:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = inside
+            elif char == '"':
+                inside = not inside
+        return inside
 
 
 def _declared_types(schema: dict[str, Any]) -> set[str]:

@@ -1,5 +1,7 @@
 """The grammar itself, run by xgrammar's matcher: what the model can and cannot write."""
 
+import json
+
 import pytest
 from tool_call_helpers import RENDERERS, TRICKY_TEXT, function_tool, grammar_accepts, grammar_accepts_tokens
 
@@ -114,3 +116,23 @@ def test_xml_zero_parameter_call_as_the_template_writes_it():
     compact = "<tool_call>\n<function=read_file>\n<parameter=path>\na\n</parameter></function>\n</tool_call>"
     assert grammar_accepts(tag, compact)
     assert xml.parse(compact, tools).tool_calls[0]["function"]["arguments"] == '{"path": "a"}'
+
+
+def test_xml_a_closing_tag_inside_a_string_of_an_array_value_is_content():
+    """The grammar lets a string inside an array or object value hold `</parameter>` (the tiny model wrote
+    one); the parser must read it as content, whole and streamed, not as the end of the value."""
+    from rollout_server.tool_calls import fold_deltas, format_by_name
+
+    xml = format_by_name("xml_params")
+    tools = [function_tool("sql_query", {"params": {"type": "array", "items": {}}, "row_limit": {"type": "integer"}},
+                           ["params"])]
+    params = [11, 'a</parameter>.0 "quoted" \\ </parameter>', {"k": "</parameter>"}]
+    text = ("<tool_call>\n<function=sql_query>\n<parameter=params>\n" + json.dumps(params) +
+            "\n</parameter>\n<parameter=row_limit>\n4\n</parameter>\n</function>\n</tool_call>")
+    assert grammar_accepts(xml.structural_tag(tools, "required", True), text)
+    [whole] = xml.parse(text, tools).tool_calls
+    assert json.loads(whole["function"]["arguments"]) == {"params": params, "row_limit": 4}
+    parser = xml.stream_parser(tools)
+    deltas = [delta for char in text for delta in parser.feed(char)] + parser.finish("stop")[0]
+    [streamed] = fold_deltas(deltas)[1]
+    assert streamed["function"] == whole["function"]
