@@ -15,8 +15,12 @@ import fcntl
 import hashlib
 import json
 import logging
+import os
+import platform
 import random
 import shutil
+import subprocess
+import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,12 +35,16 @@ log = logging.getLogger(__name__)
 
 TINY_MODEL_NAME = "tiny-qwen2"  # the id clients use for the default model
 BASE_SEED = 1234
-RECIPE_VERSION = 3  # bump when the corpus, the tokenizer or the weight initialisation changes (training: TrainingRecipe)
+RECIPE_VERSION = 4  # bump when the corpus, the tokenizer or the weight initialisation changes (training: TrainingRecipe)
 BPE_VOCAB_SIZE = 4096
 CONTEXT_WINDOW = 32768
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) tokens: they survive skip_special_tokens, as in Qwen2.5. The XML call markup is one
 # token per tag too, so a value's end (`\n</parameter>`) is as plain to the model as `<tool_call>`.
+# Training's float results follow the vector kernels torch, MKL and oneDNN pick for the CPU: one seed gave
+# other weights on an AVX-512 machine than on AVX2 ones, and tests that sample from the model disagreed.
+# Builds run in a child process held to the AVX2 kernels every x86-64 machine of this project has.
+REPRODUCIBLE_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                "<function=", "</function>", "<parameter=", "</parameter>"]
 
@@ -151,8 +159,18 @@ def ensure_tiny_model(variant: int = 0, cache_dir: Path | None = None, tool_form
     with open(target.parent / f".{target.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _is_current(target, training):
-            build_tiny_model(target, variant, tool_format=tool_format, training=training)
+            _build_in_child(target, variant, tool_format, training)
     return target
+
+
+def _build_in_child(target: Path, variant: int, tool_format: str, training: TrainingRecipe) -> None:
+    """build_tiny_model in a fresh interpreter, whose torch starts on REPRODUCIBLE_KERNELS (read at import)."""
+    spec = json.dumps({"target": str(target), "variant": variant, "tool_format": tool_format,
+                       "training": asdict(training)})
+    pinned = REPRODUCIBLE_KERNELS if platform.machine() in ("x86_64", "AMD64") else {}
+    built = subprocess.run([sys.executable, "-m", "rollout_server.tiny_model", spec], env={**os.environ, **pinned})
+    if built.returncode != 0:
+        raise RuntimeError(f"building the tiny model into {target} failed (exit {built.returncode}); see above")
 
 
 def resolve_model(settings: Settings) -> tuple[Path, str]:
@@ -298,3 +316,10 @@ def _write_weights(staging: Path, shape: TinyModelShape, seed: int, tokenizer,
     params = sum(p.numel() for p in model.parameters())
     log.info("tiny model: %.1fM parameters, vocab %d, context %d", params / 1e6, vocab_size, shape.max_position_embeddings)
     return report
+
+
+if __name__ == "__main__":  # the child process of _build_in_child
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _spec = json.loads(sys.argv[1])
+    build_tiny_model(Path(_spec["target"]), _spec["variant"], tool_format=_spec["tool_format"],
+                     training=TrainingRecipe(**_spec["training"]))

@@ -59,10 +59,11 @@ def test_streaming_matches_the_non_streamed_greedy_answer(client):
 
 
 def test_n_returns_independent_choices(client):
-    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, n=3, temperature=1.0, seed=7)
+    # 16 tokens: the trained tiny model opens most replies with the same few tokens (a tool call) at temperature 1.
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=16, n=3, temperature=1.0, seed=7)
     assert sorted(c.index for c in reply.choices) == [0, 1, 2]
     assert len({c.message.content for c in reply.choices}) > 1
-    assert reply.usage.completion_tokens == sum(6 for _ in reply.choices) or any(
+    assert reply.usage.completion_tokens == sum(16 for _ in reply.choices) or any(
         c.finish_reason == "stop" for c in reply.choices)
 
 
@@ -177,7 +178,9 @@ def test_metrics_count_requests_tokens_and_latency(stack, client):
 
 def test_the_worker_gathers_tokens_per_message_as_asked(stack, tokenizer):
     """The front door's per-request stream interval reaches the vLLM worker through Dynamo: 33 tokens come in
-    1 + ceil(32 / 8) = 5 messages at interval 8 (the first token alone), in 33 at interval 1, and are the same."""
+    1 + ceil(32 / 8) = 5 messages at interval 8 (the first token alone), in many more at interval 1 (about one
+    per token: vLLM merges outputs its reader has not taken yet, so a busy machine sees a few pairs), and are
+    the same tokens."""
     prompt = tokenizer.encode("the worker gathers tokens")
 
     async def messages(interval: int) -> list[EngineChunk]:
@@ -192,7 +195,7 @@ def test_the_worker_gathers_tokens_per_message_as_asked(stack, tokenizer):
     gathered, single = asyncio.run(messages(8)), asyncio.run(messages(1))
     ids = lambda chunks: [t.token_id for c in chunks for d in c.deltas for t in d.tokens]  # noqa: E731
     assert [sum(len(d.tokens) for d in c.deltas) for c in gathered] == [1, 8, 8, 8, 8]
-    assert len(single) == 33
+    assert len(single) > 16 and sum(len(d.tokens) for c in single for d in c.deltas) == 33
     assert ids(gathered) == ids(single)
 
 
