@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, ValidationInfo, field_validator, model_validator,
+)
 
 from finetune_deploy.checkpoint_files import CheckpointError
 from rollout_server.errors import APIError, bad_request
@@ -134,13 +136,16 @@ class RLUpdateWeightsRequest(BaseModel):
 
     version: NonNegativeInt  # our policy versions are integers; "12" is accepted as 12
     target: WeightTarget
-    transport: Transport | None = None
+    transport: Transport | None = Field(None, validate_default=True)
 
-    @model_validator(mode="after")
-    def _transport_unless_unload(self):
-        if self.transport is None and self.target.op != "unload":
+    @field_validator("transport")
+    @classmethod
+    def _transport_unless_unload(cls, transport: Transport | None, info: ValidationInfo):
+        # A field validator, not a model one, so that the 400 names 'transport'. `target` is validated first.
+        target = info.data.get("target")
+        if transport is None and target is not None and target.op != "unload":
             raise ValueError("transport.filesystem.path is required to load or swap weights")
-        return self
+        return transport
 
     def weight_update(self) -> WeightUpdate:
         path = Path(self.transport.filesystem.path) if self.transport else None

@@ -17,8 +17,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error", 422: "invalid_request_error",
-          429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",
+          422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
 
 
 class APIError(Exception):
@@ -94,7 +94,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return error_response(APIError(exc.status_code, str(exc.detail)))
+        return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))  # 405 keeps Allow
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):

@@ -35,6 +35,12 @@ def test_a_body_that_is_not_an_object_is_refused(stack, content):
     assert error["message"].startswith("The request body must be a JSON object")
 
 
+def test_a_wrong_method_is_a_405_that_says_which_are_allowed(stack):
+    resp = httpx.get(f"{stack.url}/v1/chat/completions", timeout=60)
+    error = assert_error(resp, 405)
+    assert error["type"] == "invalid_request_error" and resp.headers["allow"] == "POST"
+
+
 def test_unknown_model(stack, client):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="no-such-model", messages=MSG)

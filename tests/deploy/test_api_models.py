@@ -79,7 +79,7 @@ def test_dynamo_rl_update_weights_shape():
     ({"version": 1, "target": {"kind": "base"}, "transport": {"nccl": {"group": "g"}}}, "transport", "'nccl'"),
     ({"version": 1, "target": {"kind": "base"}, "transport": {"filesystem": {"path": "rel"}}},
      "transport.filesystem.path", "absolute"),
-    ({"version": 1, "target": {"kind": "base"}}, None, "transport.filesystem.path is required"),
+    ({"version": 1, "target": {"kind": "base"}}, "transport", "transport.filesystem.path is required"),
 ])
 def test_a_bad_rl_update_is_a_400(body, param, words):
     error = refusal(RLUpdateWeightsRequest, body)
