@@ -38,13 +38,14 @@ BASE_SEED = 1234
 RECIPE_VERSION = 4  # bump when the corpus, the tokenizer or the weight initialisation changes (training: TrainingRecipe)
 BPE_VOCAB_SIZE = 4096
 CONTEXT_WINDOW = 32768
+# Training's float results follow the vector kernels torch, MKL and oneDNN pick for the CPU: one seed gave
+# other weights with AVX-512 kernels than with AVX2 ones, and tests that sample from the model failed on one
+# machine and passed on another.
+# Builds run in a child process held to the AVX2 kernels every x86-64 machine of this project has.
+REPRODUCIBLE_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) tokens: they survive skip_special_tokens, as in Qwen2.5. The XML call markup is one
 # token per tag too, so a value's end (`\n</parameter>`) is as plain to the model as `<tool_call>`.
-# Training's float results follow the vector kernels torch, MKL and oneDNN pick for the CPU: one seed gave
-# other weights on an AVX-512 machine than on AVX2 ones, and tests that sample from the model disagreed.
-# Builds run in a child process held to the AVX2 kernels every x86-64 machine of this project has.
-REPRODUCIBLE_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                "<function=", "</function>", "<parameter=", "</parameter>"]
 
