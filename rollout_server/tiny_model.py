@@ -41,8 +41,10 @@ CONTEXT_WINDOW = 32768
 # Training's float results follow the vector kernels torch, MKL and oneDNN pick for the CPU: one seed gave
 # other weights with AVX-512 kernels than with AVX2 ones, and tests that sample from the model failed on one
 # machine and passed on another.
-# Builds run in a child process held to the AVX2 kernels every x86-64 machine of this project has.
-REPRODUCIBLE_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# Builds run in a child process held to the AVX2 kernels every x86-64 machine of this project has (elsewhere,
+# to torch's plain kernels).
+X86_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+REPRODUCIBLE_KERNELS = X86_KERNELS if platform.machine() in ("x86_64", "AMD64") else {"ATEN_CPU_CAPABILITY": "default"}
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added (not special) tokens: they survive skip_special_tokens, as in Qwen2.5. The XML call markup is one
 # token per tag too, so a value's end (`\n</parameter>`) is as plain to the model as `<tool_call>`.
@@ -168,8 +170,8 @@ def _build_in_child(target: Path, variant: int, tool_format: str, training: Trai
     """build_tiny_model in a fresh interpreter, whose torch starts on REPRODUCIBLE_KERNELS (read at import)."""
     spec = json.dumps({"target": str(target), "variant": variant, "tool_format": tool_format,
                        "training": asdict(training)})
-    pinned = REPRODUCIBLE_KERNELS if platform.machine() in ("x86_64", "AMD64") else {}
-    built = subprocess.run([sys.executable, "-m", "rollout_server.tiny_model", spec], env={**os.environ, **pinned})
+    built = subprocess.run([sys.executable, "-m", "rollout_server.tiny_model", spec],
+                           env={**os.environ, **REPRODUCIBLE_KERNELS})
     if built.returncode != 0:
         raise RuntimeError(f"building the tiny model into {target} failed (exit {built.returncode}); see above")
 
