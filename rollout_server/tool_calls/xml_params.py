@@ -175,8 +175,10 @@ class ParameterValue:
 
     def inside_json_string(self, more: str) -> bool:
         """Whether `more`, after what was added, ends inside a JSON string of an array or object value."""
-        text = self.raw + (more if self.seen_first_character else more[1:] if more[:1] in FORMATTING else more)
-        if self.is_string or text[:1] not in ("[", "{"):
+        if self.is_string:
+            return False
+        text = self.raw + more
+        if text.lstrip(FORMATTING)[:1] not in ("[", "{"):
             return False
         inside = escaped = False
         for char in text:
