@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,6 +80,12 @@ class Pool:
                 "deployments": [{"name": d.name, "url": d.client.base_url, "healthy": d.healthy,
                                  "ready_workers": d.ready_workers, "frontend_pid": d.stack.frontend_pid(),
                                  "worker_pids": d.stack.worker_pids()} for d in self.deployments]}
+
+
+def session_slot(session_id: str | None, slots: int) -> int:
+    """Which of `slots` deployments a session goes to. A stable hash, not Python's per-process `hash()`:
+    after a front door restart a session still finds the deployment that holds its KV."""
+    return zlib.crc32((session_id or "").encode()) % slots
 
 
 class PoolSet:
@@ -176,7 +183,7 @@ class PoolSet:
         if not pool.serving() and pool.config.kind == "serverless":
             await self._cold_start(pool)
         fresh = self.least_refused(pool, refusals)
-        return fresh[hash(session_id or "") % len(fresh)]
+        return fresh[session_slot(session_id, len(fresh))]
 
     @staticmethod
     def least_refused(pool: Pool, refusals: Counter[str]) -> list[Deployment]:

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import httpx
 
@@ -118,17 +119,19 @@ class KillOutcome:
     lost: list[StreamRecord]          # not started, yet did not complete: what failover must prevent
 
 
-def kill_worker_under_load(url: str, model: str, victim_pid: int, streaming: int = 8, arriving: int = 12,
-                           max_tokens: int = 300, streaming_max_tokens: int = 3000) -> KillOutcome:
+def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int], streaming: int = 8,
+                           arriving: int = 12, max_tokens: int = 300, streaming_max_tokens: int = 3000) -> KillOutcome:
     """`streaming` requests stream tokens (long ones: they must still be running at the kill), `arriving`
-    more are sent, and 0.2 s later the worker process group `victim_pid` is SIGKILLed; returns what
-    happened to each request."""
+    more are sent, and 0.2 s later the worker process group `choose_victim()` names (asked once the
+    streams run, so that it can pick a worker carrying some) is SIGKILLed; returns what happened to each
+    request."""
     started = [StreamRecord() for _ in range(streaming)]
     queued = [StreamRecord() for _ in range(arriving)]
     with ThreadPoolExecutor(streaming + arriving) as threads:
         running = [threads.submit(stream, url, model, f"started-{i}", streaming_max_tokens, r)
                    for i, r in enumerate(started)]
         wait_for(lambda: all(r.first_token_at for r in started), 120, "every first stream streaming", poll_s=0.05)
+        victim_pid = choose_victim()
         waiting = [threads.submit(stream, url, model, f"queued-{i}", max_tokens, r) for i, r in enumerate(queued)]
         time.sleep(0.2)        # the new requests are in the front door, in Dynamo, or prefilling
         killed_at = time.monotonic()

@@ -35,22 +35,39 @@ def deployment(stack, name: str) -> dict:
     return {d["name"]: d for d in pools(stack.url)["ha"]["deployments"]}[name]
 
 
+def frontend_in_flight(frontend_url: str) -> float:
+    """Requests in flight at a deployment's Dynamo frontend, from its Prometheus metrics."""
+    text = httpx.get(f"{frontend_url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("dynamo_frontend_inflight_requests"))
+
+
 def test_killing_a_worker_under_load_loses_no_request_that_had_not_started(ha_stack):
     wait_for(lambda: all(d["healthy"] for d in pools(ha_stack.url)["ha"]["deployments"]), 120, "both deployments up")
-    victim = deployment(ha_stack, "ha/0")["worker_pids"][0]
-    outcome = kill_worker_under_load(ha_stack.url, HA, victim)
+    chosen = {}
+
+    def worker_carrying_streams() -> int:
+        """The worker of the deployment with the most requests in flight (sessions spread by hash, not evenly)."""
+        busy = {d["name"]: frontend_in_flight(d["url"]) for d in pools(ha_stack.url)["ha"]["deployments"]}
+        chosen.update(deployment(ha_stack, max(busy, key=busy.get)))
+        assert busy[chosen["name"]] > 0, busy
+        return chosen["worker_pids"][0]
+
+    outcome = kill_worker_under_load(ha_stack.url, HA, worker_carrying_streams)
+    name, victim = chosen["name"], chosen["worker_pids"][0]
     assert not outcome.lost, f"requests that had not streamed a token were lost: {outcome.lost}"
     assert outcome.cut, "no stream was on the killed worker: the test did not exercise a kill"
     for record in outcome.cut:          # a clean, retryable end: an error event, then [DONE]
         assert record.error["code"] == "service_unavailable" and record.done, record
         assert record.tokens < 3000
-    # Whether a request was refused by ha/0 and failed over, or arrived after the supervisor had drained
-    # ha/0, depends on timing: both are fine, losing it is not (unit tests cover the refusal path).
+    # Whether a request was refused by the victim and failed over, or arrived after the supervisor had
+    # drained its deployment, depends on timing: both are fine, losing it is not (unit tests cover the
+    # refusal path).
 
-    wait_for(lambda: not deployment(ha_stack, "ha/0")["healthy"] or deployment(ha_stack, "ha/0")["worker_pids"][0]
-             != victim, 30, "ha/0 out of rotation or restarted")
-    wait_for(lambda: deployment(ha_stack, "ha/0")["healthy"], 180, "ha/0 restarted and back in rotation")
-    assert deployment(ha_stack, "ha/0")["worker_pids"][0] != victim
+    wait_for(lambda: not deployment(ha_stack, name)["healthy"] or deployment(ha_stack, name)["worker_pids"][0]
+             != victim, 30, f"{name} out of rotation or restarted")
+    wait_for(lambda: deployment(ha_stack, name)["healthy"], 180, f"{name} restarted and back in rotation")
+    assert deployment(ha_stack, name)["worker_pids"][0] != victim
 
 
 def test_killing_a_whole_deployment_moves_its_traffic_to_the_other(ha_stack):

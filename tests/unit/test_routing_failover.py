@@ -6,7 +6,10 @@ deployment killed under load) are in tests/pools and tests/disagg."""
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -21,6 +24,7 @@ from engine.routing import PoolRouter
 from engine.worker_control import WorkerControlError, WorkerHandle
 from rollout_server.errors import APIError
 from rollout_server.settings import Settings
+from tests.stack_harness import REPO
 
 TOKEN = {"choices": [{"index": 0, "text": "a", "finish_reason": "length",
                       "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5], "top_logprobs": [{}]}}]}
@@ -307,6 +311,16 @@ def test_a_session_stays_on_one_deployment_and_unhealthy_ones_get_nothing():
         between=between)
     assert sorted(calls_after_two) == [0, 2]
     assert fakes[1].calls == 4 - calls_after_two[0] and fakes[0].calls == calls_after_two[0]
+
+
+def test_a_session_maps_to_the_same_deployment_in_every_front_door_process():
+    """Python's hash() of a string changes with each process (PYTHONHASHSEED): a front door restart must
+    not move sessions away from their KV."""
+    script = "from engine.pools import session_slot; print([session_slot(f's{i}', 2) for i in range(32)])"
+    slots = {subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout for seed in ("1", "2", "3")}
+    assert len(slots) == 1
+    assert set(json.loads(slots.pop())) == {0, 1}     # and sessions do spread over both
 
 
 def test_a_serverless_pool_at_zero_holds_the_request_until_its_worker_is_ready():
