@@ -38,6 +38,7 @@ class EngineRequest:
     prompt_param: str = "prompt"         # the client's field that held the prompt (named in errors)
     pool: str = "default"                # the capacity pool that serves it (engine/pools.py)
     stream_interval: int = 1             # tokens the worker gathers per message (vLLM's per-request stream_interval)
+    cache_salt: str | None = None        # only requests with the same salt share cached KV
 
 
 @dataclass
@@ -171,6 +172,8 @@ class DynamoFrontendClient:
         }
         if req.stream_interval > 1:
             body["nvext"]["annotations"] = [stream_interval.annotation(req.stream_interval)]
+        if req.cache_salt:
+            body["nvext"]["cache_salt"] = req.cache_salt
         return body
 
     async def stream_once(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:

@@ -24,7 +24,7 @@ from rollout_server.generation import (
 )
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest
-from rollout_server.structured import grammar_for_structural_tag, guided_for_response_format
+from rollout_server.structured import grammar_for_structural_tag, guided_for
 from rollout_server.tool_calls import StreamParser, ToolCallFormat, ToolRequestError, finish_reason_for, fold_deltas
 
 
@@ -88,6 +88,8 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
         raise bad_request(f"model {ctx.model_name} has no tool-call format in its chat template", param="tools")
     if req.response_format and req.response_format.get("type") != "text":
         raise bad_request("response_format cannot be combined with tools", param="response_format")
+    if req.structured_outputs is not None:
+        raise bad_request("structured_outputs cannot be combined with tools", param="structured_outputs")
     try:
         fragment = await ctx.grammars.get(req.tools, choice, req.parallel_tool_calls, ctx.tool_format)
     except ToolRequestError as exc:
@@ -101,18 +103,18 @@ def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, sessio
                          tool_plan: ToolPlan | None) -> EngineRequest:
     try:
         prompt_ids = ctx.tokenizer.render_chat(_messages(ctx, req), req.tools, req.add_generation_prompt,
-                                               req.continue_final_message)
+                                               req.continue_final_message, req.documents, req.chat_template_kwargs)
     except APIError:
         raise
     except Exception as exc:  # the template rejected the conversation (e.g. a role it does not know)
         raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from exc
     max_tokens = check_prompt(ctx, prompt_ids, req.max_new_tokens, "messages")
-    guided = tool_plan.guided if tool_plan else guided_for_response_format(req.response_format)
+    guided = tool_plan.guided if tool_plan else guided_for(req.response_format, req.structured_outputs)
     return EngineRequest(
         model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
         max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.top_logprobs or 0,
-        guided=guided, session_id=session_id, prompt_param="messages",
-        stream_interval=stream_interval_for(ctx, req.stream),
+        guided=guided, session_id=session_id, prompt_param="messages", cache_salt=req.cache_salt,
+        stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval),
     )
 
 
@@ -128,7 +130,7 @@ def _finish_choice(tool_plan: ToolPlan | None):
 
 async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, session_header: str | None, who: Principal):
     ctx.route(req.model, who)
-    session_id = session_id_for(session_header, req.user)
+    session_id = session_id_for(session_header, req.session_id, req.user)
     tool_plan = await plan_tools(ctx, req)
     engine_request = build_engine_request(ctx, req, session_id, tool_plan)
     generation = Generation(ctx, engine_request, who=who, endpoint="chat.completions",

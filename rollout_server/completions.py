@@ -15,7 +15,7 @@ from rollout_server.generation import (
 )
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
 from rollout_server.protocol import CompletionRequest, GenerateRequest
-from rollout_server.structured import guided_for_response_format
+from rollout_server.structured import guided_for
 
 
 def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
@@ -37,7 +37,8 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
     prompts = _prompts_as_ids(ctx, req.prompt)
     if req.stream and len(prompts) > 1:
         raise bad_request("streaming is supported for a single prompt only", param="prompt")
-    session_id = session_id_for(session_header, req.user)
+    session_id = session_id_for(session_header, req.session_id, req.user)
+    guided = guided_for(req.response_format, req.structured_outputs)
     request_id = new_request_id("cmpl")
     generations = []
     for i, ids in enumerate(prompts):
@@ -47,8 +48,8 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
         engine_request = EngineRequest(
             model=req.model, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
             prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.logprobs or 0,
-            guided=guided_for_response_format(req.response_format), session_id=session_id,
-            prompt_param="prompt", stream_interval=stream_interval_for(ctx, req.stream))
+            guided=guided, session_id=session_id, cache_salt=req.cache_salt,
+            prompt_param="prompt", stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval))
         generations.append(Generation(ctx, engine_request, who=who, endpoint="completions",
                                       request_body=req.model_dump(exclude_none=True)))
     await start_all(generations)
@@ -119,7 +120,8 @@ async def generate(ctx: ServingContext, req: GenerateRequest, session_header: st
     engine_request = EngineRequest(
         model=req.model, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
         max_tokens=max_tokens, sampling=sampling_for(ctx, params, max_tokens, "sampling_params."), top_logprobs=params.logprobs or 0,
-        session_id=session_id_for(session_header, params.user), prompt_param="token_ids",
+        guided=guided_for(None, params.structured_outputs, "sampling_params."), cache_salt=params.cache_salt,
+        session_id=session_id_for(session_header, None, params.user), prompt_param="token_ids",
         stream_interval=stream_interval_for(ctx, streamed=False))
     generation = Generation(ctx, engine_request, who=who, endpoint="generate", request_body=req.model_dump(exclude_none=True))
     await generation.start()

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 _PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "stop", "stop_token_ids",
                    "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "ignore_eos",
-                   "skip_special_tokens")
+                   "skip_special_tokens", "include_stop_str_in_output")
 
 
 @dataclass
@@ -107,9 +107,9 @@ class ServingContext:
         return route(model_field, who, self.pools, self.models)
 
 
-def session_id_for(header: str | None, user: str | None) -> str:
-    """X-Session-ID, else the OpenAI `user`, else a new session."""
-    return header or user or f"sess-{uuid.uuid4().hex}"
+def session_id_for(header: str | None, session_field: str | None, user: str | None) -> str:
+    """X-Session-ID, else the body's `session_id` (vLLM's field), else the OpenAI `user`, else a new session."""
+    return header or session_field or user or f"sess-{uuid.uuid4().hex}"
 
 
 def sampling_for(ctx: ServingContext, fields: SamplingFields, max_tokens: int, param_prefix: str = "") -> dict:
@@ -125,9 +125,12 @@ def sampling_for(ctx: ServingContext, fields: SamplingFields, max_tokens: int, p
     return {name: getattr(fields, name) for name in _PASSED_THROUGH if getattr(fields, name) is not None}
 
 
-def stream_interval_for(ctx: ServingContext, streamed: bool) -> int:
-    """Tokens per engine message: a streamed response goes at the client's pace; a whole one needs only its end."""
-    return ctx.settings.stream_interval if streamed else ctx.settings.unstreamed_interval
+def stream_interval_for(ctx: ServingContext, streamed: bool, requested: int | None = None) -> int:
+    """Tokens per engine message: a streamed response goes at the client's pace (the request's `stream_interval`,
+    else the server's); a whole one needs only its end."""
+    if not streamed:
+        return ctx.settings.unstreamed_interval
+    return requested or ctx.settings.stream_interval
 
 
 def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> int:

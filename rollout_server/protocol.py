@@ -3,6 +3,8 @@
 Pydantic's lax mode coerces "true" -> True and "0.7" -> 0.7, as vLLM does: verifiers
 sends sampling keys from its command line as strings. Unknown fields are ignored
 (vLLM's behaviour), wrong types and out-of-range values are a 400 naming the field.
+A field vLLM knows whose effect this server cannot give is refused when set (400,
+the field named), never served as if it were not there.
 """
 
 from __future__ import annotations
@@ -14,6 +16,29 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validat
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+def refuse_if_set(value, field: str, reasons: dict[str, str]):
+    """A field from `reasons` with a value that asks for something (not null, false, 0 or empty) is refused."""
+    if value:
+        raise ValueError(f"{field} is not supported by this server: {reasons[field]}")
+    return value
+
+
+# vLLM sampling fields that Dynamo's completions API does not carry to the engine, or that the engine path
+# does not return.
+CANNOT_SAMPLE = {
+    "logit_bias": "its engine path does not apply it",
+    "allowed_token_ids": "its engine path does not apply it",
+    "bad_words": "its engine path does not apply it",
+    "prompt_logprobs": "the engine does not return prompt logprobs",
+    "logprob_token_ids": "the engine returns the top logprobs only (top_logprobs)",
+    "use_beam_search": "no beam search",
+    "priority": "priority scheduling is not enabled",
+    "truncate_prompt_tokens": "prompts are never truncated (shorten the prompt)",
+    "repetition_detection": "its engine path does not apply it",
+    "watermarking": "its engine path does not apply it",
+}
 
 
 class SamplingFields(_Request):
@@ -34,15 +59,25 @@ class SamplingFields(_Request):
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
     user: str | None = None
-    logit_bias: dict[str, float] | None = None  # refused when set (below), never passed on
+    include_stop_str_in_output: bool | None = None
+    structured_outputs: dict[str, Any] | None = None   # vLLM's: one of json, regex, choice, grammar, ...
+    cache_salt: str | None = Field(None, min_length=1)  # requests share cached KV only with the same salt
 
-    @field_validator("logit_bias")
+    logit_bias: Any = None                             # CANNOT_SAMPLE: refused when set, never passed on
+    allowed_token_ids: Any = None
+    bad_words: Any = None
+    prompt_logprobs: Any = None
+    logprob_token_ids: Any = None
+    use_beam_search: Any = None
+    priority: Any = None
+    truncate_prompt_tokens: Any = None
+    repetition_detection: Any = None
+    watermarking: Any = None
+
+    @field_validator(*CANNOT_SAMPLE)
     @classmethod
-    def _logit_bias_unsupported(cls, v):
-        # Dynamo's frontend validates logit_bias but does not hand it to vLLM: refused, not silently dropped.
-        if v:
-            raise ValueError("logit_bias is not supported by this server (its engine path does not apply it)")
-        return v
+    def _cannot_sample(cls, v, info):
+        return refuse_if_set(v, info.field_name, CANNOT_SAMPLE)
 
     @field_validator("stop")
     @classmethod
@@ -80,6 +115,17 @@ class ChatMessage(_Request):
         return "".join(texts)
 
 
+# Arguments of the template rendering call that chat_template_kwargs must not override.
+_RENDER_ARGUMENTS = {"messages", "conversation", "tools", "documents", "chat_template", "tokenize", "return_dict",
+                     "add_generation_prompt", "continue_final_message", "tokenizer_kwargs", "return_tensors",
+                     "padding", "truncation", "max_length", "return_assistant_tokens_mask"}
+
+CANNOT_CHAT = {
+    "chat_template": "the model's own template renders every request (its tool-call format depends on it)",
+    "echo": "chat responses do not echo the prompt",
+}
+
+
 class ChatCompletionRequest(SamplingFields):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
@@ -87,6 +133,8 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stream_interval: int | None = Field(None, ge=1)     # tokens per streamed message (the server's setting if unset)
+    session_id: str | None = None                       # as X-Session-ID (the header wins)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None
@@ -97,6 +145,24 @@ class ChatCompletionRequest(SamplingFields):
     return_token_ids: bool = False
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
+    documents: list[dict[str, Any]] | None = None
+
+    chat_template: Any = None                           # CANNOT_CHAT: refused when set
+    echo: Any = None
+
+    @field_validator(*CANNOT_CHAT)
+    @classmethod
+    def _cannot_chat(cls, v, info):
+        return refuse_if_set(v, info.field_name, CANNOT_CHAT)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, v):
+        taken = sorted(set(v or {}) & _RENDER_ARGUMENTS)
+        if taken:
+            raise ValueError(f"{', '.join(taken)} cannot be set here (request fields of their own, or the server's)")
+        return v
 
     @property
     def max_new_tokens(self) -> int | None:
@@ -115,12 +181,20 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    stream_interval: int | None = Field(None, ge=1)
+    session_id: str | None = None
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
     suffix: str | None = None
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
     response_format: dict[str, Any] | None = None
+    prompt_embeds: Any = None                           # refused when set
+
+    @field_validator("prompt_embeds")
+    @classmethod
+    def _no_embeddings(cls, v):
+        return refuse_if_set(v, "prompt_embeds", {"prompt_embeds": "prompts are text or token ids"})
 
     @field_validator("prompt")
     @classmethod

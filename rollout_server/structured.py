@@ -1,14 +1,15 @@
 """Structured output: what the engine must enforce, as Dynamo's completions API takes it.
 
-Dynamo 1.6.1's /v1/completions accepts vLLM's guided-decoding fields (guided_json,
-guided_grammar, ...) but no structural tag, so structural tags (tool calls, compact
-JSON) are sent as the xgrammar EBNF grammar they compile to: the same language,
-enforced by the same backend.
+Dynamo 1.6.1's /v1/completions accepts vLLM's older guided-decoding fields
+(guided_json, guided_regex, guided_choice, guided_grammar) but no structural tag, so
+structural tags (tool calls, compact JSON) are sent as the xgrammar EBNF grammar they
+compile to: the same language, enforced by the same backend.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 import xgrammar
@@ -17,7 +18,17 @@ from rollout_server.errors import bad_request
 from rollout_server.tool_calls.structural_tag import json_schema_content
 
 
-def guided_for_response_format(response_format: dict | None, param: str = "response_format") -> dict:
+def guided_for(response_format: dict | None, structured_outputs: dict | None, param_prefix: str = "") -> dict:
+    """What the engine must enforce for a request's response_format or vLLM structured_outputs (one of them)."""
+    if structured_outputs is not None and response_format and response_format.get("type") != "text":
+        raise bad_request("response_format and structured_outputs both constrain the output: send one",
+                          param=f"{param_prefix}structured_outputs")
+    if structured_outputs is not None:
+        return guided_for_structured_outputs(structured_outputs, f"{param_prefix}structured_outputs")
+    return _guided_for_response_format(response_format, f"{param_prefix}response_format")
+
+
+def _guided_for_response_format(response_format: dict | None, param: str = "response_format") -> dict:
     if not response_format or response_format.get("type") == "text":
         return {}
     kind = response_format.get("type")
@@ -33,6 +44,60 @@ def guided_for_response_format(response_format: dict | None, param: str = "respo
                       param=f"{param}.type")
 
 
+_XGRAMMAR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
+_STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
+def guided_for_structured_outputs(spec: dict, param: str) -> dict:
+    """vLLM's structured_outputs (exactly one of json, json_object, regex, choice, grammar, structural_tag; its
+    tuning options are the backend's business) -> Dynamo's guided fields, checked here so that a constraint
+    the backend cannot compile is a 400 naming the field, not a failure mid-request."""
+    kinds = [kind for kind in _STRUCTURED_KINDS if spec.get(kind) not in (None, False)]
+    if len(kinds) != 1:
+        raise bad_request(f"structured_outputs must set exactly one of {', '.join(_STRUCTURED_KINDS)}", param=param)
+    kind = kinds[0]
+    value, where = spec[kind], f"{param}.{kind}"
+    if kind == "json_object":
+        return {"guided_grammar": compact_json_grammar({"type": "object"}, where)}
+    if kind == "json":
+        schema = _json_value(value, where)
+        if not isinstance(schema, dict):
+            raise bad_request("structured_outputs.json must be a JSON schema object", param=where)
+        return {"guided_grammar": compact_json_grammar(schema, where)}
+    if kind == "structural_tag":
+        tag = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        return {"guided_grammar": _compiled(grammar_for_structural_tag, tag, where)}
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
+            raise bad_request("structured_outputs.choice must be a list of non-empty strings", param=where)
+        return {"guided_choice": value}
+    if not isinstance(value, str):
+        raise bad_request(f"structured_outputs.{kind} must be a string", param=where)
+    if kind == "regex":
+        _compiled(xgrammar.Grammar.from_regex, value, where)
+        return {"guided_regex": value}
+    _compiled(xgrammar.Grammar.from_ebnf, value, where)
+    return {"guided_grammar": value}
+
+
+def _json_value(value, param: str):
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise bad_request("not valid JSON", param=param) from None
+
+
+def _compiled(compile, source: str, param: str):
+    try:
+        return compile(source)
+    except (RuntimeError, ValueError) as exc:
+        # xgrammar's messages start with a time and a C++ source location: "[05:30:03] /project/cpp/x.cc:83: ..."
+        reason = _XGRAMMAR_PREFIX.sub("", str(exc).strip())
+        raise bad_request(f"the constraint cannot be enforced: {reason}", param=param) from None
+
+
 @lru_cache(maxsize=512)
 def grammar_for_structural_tag(structural_tag_json: str) -> str:
     """The EBNF grammar of an xgrammar structural tag (cached: agents resend the same tools)."""
@@ -43,7 +108,4 @@ def compact_json_grammar(schema: dict, param: str) -> str:
     """JSON for the schema with at most one whitespace character between tokens: a weak model
     cannot spend its max_tokens on indentation (plain guided_json allows any whitespace)."""
     tag = {"type": "structural_tag", "format": json_schema_content(schema)}
-    try:
-        return grammar_for_structural_tag(json.dumps(tag, sort_keys=True))
-    except (RuntimeError, ValueError) as exc:
-        raise bad_request(f"the JSON schema cannot be enforced: {exc}", param=param) from None
+    return _compiled(grammar_for_structural_tag, json.dumps(tag, sort_keys=True), param)

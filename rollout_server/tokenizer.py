@@ -40,10 +40,12 @@ class ModelTokenizer:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True,
-                    continue_final_message: bool = False) -> list[int]:
+                    continue_final_message: bool = False, documents: list[dict] | None = None,
+                    template_kwargs: dict | None = None) -> list[int]:
         ids = self.hf.apply_chat_template(
-            messages, tools=tools or None, tokenize=True, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message, return_dict=False,
+            messages, tools=tools or None, documents=documents, tokenize=True,
+            add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+            return_dict=False, **(template_kwargs or {}),
         )
         return list(ids)
 
