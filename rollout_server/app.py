@@ -24,6 +24,7 @@ from rollout_server.batch_api import batches_router
 from rollout_server.batch_runner import BatchRunner
 from rollout_server.chat import chat_completions
 from rollout_server.completions import completions, generate
+from rollout_server.disconnect import unless_disconnected
 from rollout_server.errors import APIError, install_error_handlers, model_not_found, validation_error
 from engine.pool_config import DEFAULT_POOL
 from rollout_server.generation import ServingContext
@@ -174,15 +175,16 @@ def create_app(state: AppState) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request, who: Principal = Depends(caller)):
-        return await chat_completions(ctx, body, request.headers.get("x-session-id"), who)
+        session = request.headers.get("x-session-id")
+        return await unless_disconnected(request, chat_completions(ctx, body, session, who))
 
     @app.post("/v1/completions")
     async def complete(body: CompletionRequest, request: Request, who: Principal = Depends(caller)):
-        return await completions(ctx, body, request.headers.get("x-session-id"), who)
+        return await unless_disconnected(request, completions(ctx, body, request.headers.get("x-session-id"), who))
 
     @app.post("/inference/v1/generate")
     async def tito(body: GenerateRequest, request: Request, who: Principal = Depends(caller)):
-        return await generate(ctx, body, request.headers.get("x-session-id"), who)
+        return await unless_disconnected(request, generate(ctx, body, request.headers.get("x-session-id"), who))
 
     return app
 

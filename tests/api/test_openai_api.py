@@ -3,6 +3,7 @@
 import asyncio
 import json
 import math
+import time
 
 import httpx
 import openai
@@ -210,3 +211,29 @@ def test_a_whole_response_has_the_tokens_and_logprobs_of_a_streamed_one(client):
     streamed_logprobs = [lp for c in chunks for lp in c.logprobs.token_logprobs]
     assert whole.logprobs.token_logprobs == pytest.approx(streamed_logprobs, abs=1e-4)
     assert whole.text == "".join(c.text for c in chunks)
+
+
+def _metric(stack, prefix: str) -> float:
+    text = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_leaves_stops_its_generation(stack, stream):
+    """A client that times out or disconnects has its request aborted on the worker, not generated to its
+    end for nobody: 20,000 tokens would take 20 s and more here."""
+    body = {"model": MODEL, "prompt": "go on", "max_tokens": 20000, "ignore_eos": True, "stream": stream}
+    failed_before = _metric(stack, 'rollout_requests_total{endpoint="completions",outcome="error"}')
+    if stream:
+        with httpx.stream("POST", f"{stack.url}/v1/completions", json=body, timeout=60) as resp:
+            for i, _ in enumerate(resp.iter_lines()):
+                if i == 20:
+                    break
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{stack.url}/v1/completions", json=body, timeout=httpx.Timeout(3, connect=10))
+    left = time.monotonic()
+    while _metric(stack, "rollout_worker_inflight_requests") > 0:
+        assert time.monotonic() - left < 10, "the request kept generating after its client left"
+        time.sleep(0.25)
+    assert _metric(stack, 'rollout_requests_total{endpoint="completions",outcome="error"}') == failed_before + 1
