@@ -19,8 +19,8 @@ from engine.frontend_client import ChoiceDelta, EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
-    ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, sampling_for, session_id_for, sse,
-    stream_interval_for,
+    ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, running_usage_of, sampling_for,
+    session_id_for, sse, stream_interval_for,
 )
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest
@@ -196,12 +196,13 @@ async def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: G
     base = {"id": generation.req.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": req.model, "policy_version": generation.policy_version}
     streams: dict[int, _ChoiceStream] = {}
+    running_usage = req.stream_options is not None and req.stream_options.usage_in_every_chunk()
     try:
         async for chunk in generation.chunks():
             for delta in chunk.deltas:
                 stream = streams.setdefault(delta.index, _ChoiceStream(delta.index, tool_plan))
                 for choice in _chunk_choices(ctx, req, stream, delta):
-                    yield sse({**base, "choices": [choice]})
+                    yield sse({**base, "choices": [choice], **running_usage_of(generation, running_usage)})
                 if delta.finish_reason:
                     result = generation.choices[delta.index]
                     result.message, result.finish_reason = stream.message(), choice["finish_reason"]

@@ -10,8 +10,8 @@ from engine.frontend_client import EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.generation import (
-    ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, sampling_for,
-    session_id_for, sse, start_all, stream_interval_for,
+    ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, running_usage_of,
+    sampling_for, session_id_for, sse, start_all, stream_interval_for,
 )
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
 from rollout_server.protocol import CompletionRequest, GenerateRequest
@@ -89,6 +89,7 @@ async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Gener
     base = {"id": generation.req.request_id, "object": "text_completion", "created": int(time.time()),
             "model": req.model, "policy_version": generation.policy_version}
     echoed: set[int] = set()
+    running_usage = req.stream_options is not None and req.stream_options.usage_in_every_chunk()
     try:
         async for chunk in generation.chunks():
             for delta in chunk.deltas:
@@ -102,7 +103,7 @@ async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Gener
                                                              req.return_tokens_as_token_ids)
                 if req.return_token_ids:
                     choice["token_ids"] = [t.token_id for t in delta.tokens]
-                yield sse({**base, "choices": [choice]})
+                yield sse({**base, "choices": [choice], **running_usage_of(generation, running_usage)})
         if req.stream_options and req.stream_options.include_usage:
             yield sse({**base, "choices": [], "usage": generation.usage_dict()})
     except APIError as err:

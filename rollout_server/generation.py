@@ -306,6 +306,11 @@ class Generation:
                 "prompt_tokens_details": {"cached_tokens": self.usage.cached_tokens if self.usage else 0}}
 
 
+def running_usage_of(generation: Generation, wanted: bool) -> dict:
+    """The usage so far, as a streamed chunk's `usage` field, when the client asked for it in every chunk."""
+    return {"usage": generation.usage_dict()} if wanted else {}
+
+
 def sse(payload: dict) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 

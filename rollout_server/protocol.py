@@ -93,6 +93,10 @@ class SamplingFields(_Request):
 
 class StreamOptions(_Request):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk too
+
+    def usage_in_every_chunk(self) -> bool:
+        return self.include_usage and self.continuous_usage_stats
 
 
 class ChatMessage(_Request):
