@@ -14,20 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-def refuse_if_set(value, field: str, reasons: dict[str, str]):
-    """A field from `reasons` with a value that asks for something (not null, false, 0 or empty) is refused."""
-    if value:
-        raise ValueError(f"{field} is not supported by this server: {reasons[field]}")
-    return value
-
-
-# vLLM sampling fields that Dynamo's completions API does not carry to the engine, or that the engine path
-# does not return.
-CANNOT_SAMPLE = {
+# vLLM request fields whose effect this server cannot give: Dynamo's completions API does not carry them to
+# the engine, or the engine path does not return them. The request classes declare the ones they take.
+CANNOT_APPLY = {
     "logit_bias": "its engine path does not apply it",
     "allowed_token_ids": "its engine path does not apply it",
     "bad_words": "its engine path does not apply it",
@@ -38,7 +27,21 @@ CANNOT_SAMPLE = {
     "truncate_prompt_tokens": "prompts are never truncated (shorten the prompt)",
     "repetition_detection": "its engine path does not apply it",
     "watermarking": "its engine path does not apply it",
+    "chat_template": "the model's own template renders every request (its tool-call format depends on it)",
+    "prompt_embeds": "prompts are text or token ids",
 }
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    @field_validator(*CANNOT_APPLY, check_fields=False)
+    @classmethod
+    def _cannot_apply(cls, v, info):
+        """A value that asks for something (not null, false, 0 or empty) is refused, never ignored."""
+        if v:
+            raise ValueError(f"{info.field_name} is not supported by this server: {CANNOT_APPLY[info.field_name]}")
+        return v
 
 
 class SamplingFields(_Request):
@@ -63,7 +66,7 @@ class SamplingFields(_Request):
     structured_outputs: dict[str, Any] | None = None   # vLLM's: one of json, regex, choice, grammar, ...
     cache_salt: str | None = Field(None, min_length=1)  # requests share cached KV only with the same salt
 
-    logit_bias: Any = None                             # CANNOT_SAMPLE: refused when set, never passed on
+    logit_bias: Any = None                             # CANNOT_APPLY: refused when set, never passed on
     allowed_token_ids: Any = None
     bad_words: Any = None
     prompt_logprobs: Any = None
@@ -73,11 +76,6 @@ class SamplingFields(_Request):
     truncate_prompt_tokens: Any = None
     repetition_detection: Any = None
     watermarking: Any = None
-
-    @field_validator(*CANNOT_SAMPLE)
-    @classmethod
-    def _cannot_sample(cls, v, info):
-        return refuse_if_set(v, info.field_name, CANNOT_SAMPLE)
 
     @field_validator("stop")
     @classmethod
@@ -124,12 +122,6 @@ _RENDER_ARGUMENTS = {"messages", "conversation", "tools", "documents", "chat_tem
                      "add_generation_prompt", "continue_final_message", "tokenizer_kwargs", "return_tensors",
                      "padding", "truncation", "max_length", "return_assistant_tokens_mask"}
 
-CANNOT_CHAT = {
-    "chat_template": "the model's own template renders every request (its tool-call format depends on it)",
-    "echo": "chat responses do not echo the prompt",
-}
-
-
 class ChatCompletionRequest(SamplingFields):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
@@ -152,13 +144,15 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
     documents: list[dict[str, Any]] | None = None
 
-    chat_template: Any = None                           # CANNOT_CHAT: refused when set
-    echo: Any = None
+    chat_template: Any = None                           # CANNOT_APPLY: refused when set
+    echo: bool = False                                  # vLLM's chat echo: refused when set (completions echo)
 
-    @field_validator(*CANNOT_CHAT)
+    @field_validator("echo")
     @classmethod
-    def _cannot_chat(cls, v, info):
-        return refuse_if_set(v, info.field_name, CANNOT_CHAT)
+    def _no_chat_echo(cls, v):
+        if v:
+            raise ValueError("echo is not supported by this server on chat completions (it is on completions)")
+        return v
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -193,12 +187,7 @@ class CompletionRequest(SamplingFields):
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
     response_format: dict[str, Any] | None = None
-    prompt_embeds: Any = None                           # refused when set
-
-    @field_validator("prompt_embeds")
-    @classmethod
-    def _no_embeddings(cls, v):
-        return refuse_if_set(v, "prompt_embeds", {"prompt_embeds": "prompts are text or token ids"})
+    prompt_embeds: Any = None                           # CANNOT_APPLY: refused when set
 
     @field_validator("prompt")
     @classmethod
