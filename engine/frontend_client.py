@@ -188,11 +188,13 @@ class DynamoFrontendClient:
             raise RefusedBeforeOutput(error) from None
 
     async def _stream(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
-        headers = {"x-request-id": req.request_id}
+        headers = {"x-request-id": req.request_id, "content-type": "application/json"}
         if req.session_id:
             headers["x-dynamo-session-id"] = req.session_id[:256]
+        # msgspec, not aiohttp's json.dumps: a 140k-token prompt encodes in ~1 ms instead of ~18 ms of event loop
+        body = msgspec.json.encode(self._body(req))
         try:
-            async with self._http().post("/v1/completions", json=self._body(req), headers=headers) as resp:
+            async with self._http().post("/v1/completions", data=body, headers=headers) as resp:
                 if resp.status != 200:
                     raw = await resp.read()
                     error = engine_error(resp.status, _json_or_message(raw), req)

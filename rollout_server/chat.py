@@ -25,6 +25,7 @@ from rollout_server.generation import (
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest
 from rollout_server.structured import grammar_for_structural_tag, guided_for
+from rollout_server.tokenizer import tokenize_off_the_loop
 from rollout_server.tool_calls import StreamParser, ToolCallFormat, ToolRequestError, finish_reason_for, fold_deltas
 
 
@@ -99,11 +100,14 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
     return ToolPlan(ctx.tool_format, req.tools, guided)
 
 
-def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
-                         tool_plan: ToolPlan | None) -> EngineRequest:
+async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
+                               tool_plan: ToolPlan | None) -> EngineRequest:
+    messages = _messages(ctx, req)
+    chars = sum(len(m["content"]) for m in messages) + sum(len(str(d)) for d in req.documents or ())
     try:
-        prompt_ids = ctx.tokenizer.render_chat(_messages(ctx, req), req.tools, req.add_generation_prompt,
-                                               req.continue_final_message, req.documents, req.chat_template_kwargs)
+        prompt_ids = await tokenize_off_the_loop(chars, lambda: ctx.tokenizer.render_chat(
+            messages, req.tools, req.add_generation_prompt, req.continue_final_message, req.documents,
+            req.chat_template_kwargs))
     except APIError:
         raise
     except Exception as exc:  # the template rejected the conversation (e.g. a role it does not know)
@@ -132,7 +136,7 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
     ctx.route(req.model, who)
     session_id = session_id_for(session_header, req.session_id, req.user)
     tool_plan = await plan_tools(ctx, req)
-    engine_request = build_engine_request(ctx, req, session_id, tool_plan)
+    engine_request = await build_engine_request(ctx, req, session_id, tool_plan)
     generation = Generation(ctx, engine_request, who=who, endpoint="chat.completions",
                             request_body=req.model_dump(exclude_none=True),
                             on_choice_finished=None if req.stream else _finish_choice(tool_plan))

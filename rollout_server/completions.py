@@ -16,15 +16,18 @@ from rollout_server.generation import (
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
 from rollout_server.protocol import CompletionRequest, GenerateRequest
 from rollout_server.structured import guided_for
+from rollout_server.tokenizer import tokenize_off_the_loop
 
 
-def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
+async def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
     """A completions prompt in any of its four shapes -> one list of token ids per prompt."""
     if isinstance(prompt, str):
-        return [ctx.tokenizer.encode(prompt)]
-    if prompt and all(isinstance(p, int) for p in prompt):
+        prompt = [prompt]
+    elif prompt and all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
-    return [ctx.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+    chars = sum(len(p) for p in prompt if isinstance(p, str))
+    return await tokenize_off_the_loop(
+        chars, lambda: [ctx.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt])
 
 
 async def completions(ctx: ServingContext, req: CompletionRequest, session_header: str | None, who: Principal):
@@ -34,7 +37,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
     if req.echo and req.logprobs is not None:
         raise bad_request("echo together with logprobs needs prompt logprobs, which the engine does not return; "
                           "request them separately", param="echo")
-    prompts = _prompts_as_ids(ctx, req.prompt)
+    prompts = await _prompts_as_ids(ctx, req.prompt)
     if req.stream and len(prompts) > 1:
         raise bad_request("streaming is supported for a single prompt only", param="prompt")
     session_id = session_id_for(session_header, req.session_id, req.user)

@@ -1,0 +1,44 @@
+"""Request bodies decoded with msgspec instead of the standard library's json.
+
+A token-in/token-out request carries its prompt as a JSON list of ids: 140,000 of them take ~17 ms to
+parse with `json.loads` and ~2 ms with msgspec, and the parse runs on the front door's event loop, where
+it holds every stream. Malformed bodies still raise `json.JSONDecodeError`, which FastAPI turns into the
+validation error the front door answers with a 400 naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import msgspec
+from fastapi import Request
+from fastapi.routing import APIRoute
+
+_BYTE_POSITION = re.compile(r"\(byte (\d+)\)")
+
+
+class MsgspecRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = msgspec.json.decode(body)
+            except msgspec.DecodeError as exc:
+                position = _BYTE_POSITION.search(str(exc))
+                raise json.JSONDecodeError(str(exc), body.decode(errors="replace"),
+                                           int(position.group(1)) if position else 0) from None
+        return self._json
+
+
+class MsgspecRoute(APIRoute):
+    """A route whose handler reads its JSON body with msgspec."""
+
+    def get_route_handler(self):
+        handle = super().get_route_handler()
+
+        async def handle_with_msgspec(request: Request):
+            return await handle(MsgspecRequest(request.scope, request.receive))
+
+        return handle_with_msgspec
