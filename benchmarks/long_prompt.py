@@ -1,0 +1,112 @@
+"""What a long agent prompt costs the front door's event loop: tokenizing it, and parsing a token-id prompt.
+
+    .venv/bin/python benchmarks/long_prompt.py [--tokens 140000] [--rounds 5]
+
+Tokenize: the chat template rendered and tokenized for one user message of ~`--tokens` tokens (the tiny
+model's tokenizer), inline on the event loop (as the front door did) and through `tokenize_off_the_loop`
+(a worker thread), while a coroutine on the loop measures its longest stall between two turns.
+Parse: a /inference/v1/generate body with a `--tokens`-id prompt, decoded by the standard library's json
+(FastAPI's default) and by msgspec (`rollout_server/json_body.py`), and the engine request encoded both
+ways (`engine/frontend_client.py`). Medians over `--rounds`; ratios are against the old way, same run.
+Writes one flat JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
+from rollout_server.tokenizer import ModelTokenizer, tokenize_off_the_loop  # noqa: E402
+from tests.stack_harness import CACHE_DIR  # noqa: E402
+
+SOURCE = (Path(__file__).resolve().parents[1] / "rollout_server" / "generation.py").read_text()
+
+
+async def longest_stall(work) -> float:
+    """The longest time the event loop did not turn while `work` ran, in seconds."""
+    stall, done = 0.0, False
+
+    async def watch():
+        nonlocal stall
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0)
+            now = time.perf_counter()
+            stall, last = max(stall, now - last), now
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0)
+    await work
+    done = True
+    await watcher
+    return stall
+
+
+async def _inline(tokenize):
+    return tokenize()
+
+
+def timed(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=140_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "long_prompt.json")
+    args = parser.parse_args()
+
+    tokenizer = ModelTokenizer(ensure_tiny_model(0, CACHE_DIR / "models"))
+    text = SOURCE * (args.tokens // len(tokenizer.encode(SOURCE)) + 1)
+    messages = [{"role": "user", "content": text}]
+    render = lambda: tokenizer.render_chat(messages, None)  # noqa: E731
+    prompt_tokens = len(render())
+
+    inline, threaded = [], []
+    for _ in range(args.rounds):
+        inline.append(asyncio.run(longest_stall(_inline(render))))
+        threaded.append(asyncio.run(longest_stall(tokenize_off_the_loop(len(text), render))))
+
+    ids = [random.randrange(tokenizer.vocab_size) for _ in range(args.tokens)]
+    body = json.dumps({"model": "m", "token_ids": ids, "sampling_params": {"max_tokens": 16}}).encode()
+    engine_body = {"model": "m", "prompt": ids, "max_tokens": 16, "stream": True}
+    parse_json = [timed(lambda: json.loads(body)) for _ in range(args.rounds)]
+    parse_msgspec = [timed(lambda: msgspec.json.decode(body)) for _ in range(args.rounds)]
+    encode_json = [timed(lambda: json.dumps(engine_body)) for _ in range(args.rounds)]
+    encode_msgspec = [timed(lambda: msgspec.json.encode(engine_body)) for _ in range(args.rounds)]
+
+    med = statistics.median
+    results = {
+        "prompt_tokens": prompt_tokens,
+        "prompt_chars": len(text),
+        "loop_stall_s_inline": round(med(inline), 4),
+        "loop_stall_s_off_the_loop": round(med(threaded), 4),
+        "loop_stall_ratio_off_over_inline": round(med(threaded) / med(inline), 4),
+        "token_id_prompt_parse_s_json": round(med(parse_json), 5),
+        "token_id_prompt_parse_s_msgspec": round(med(parse_msgspec), 5),
+        "token_id_prompt_parse_ratio_msgspec_over_json": round(med(parse_msgspec) / med(parse_json), 4),
+        "engine_request_encode_s_json": round(med(encode_json), 5),
+        "engine_request_encode_s_msgspec": round(med(encode_msgspec), 5),
+        "engine_request_encode_ratio_msgspec_over_json": round(med(encode_msgspec) / med(encode_json), 4),
+    }
+    for key, value in results.items():
+        print(f"{key:50s} {value}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
