@@ -6,8 +6,9 @@ Tokenize: the chat template rendered and tokenized for one user message of ~`--t
 model's tokenizer), inline on the event loop (as the front door did) and through `tokenize_off_the_loop`
 (a worker thread), while a coroutine on the loop measures its longest stall between two turns.
 Parse: a /inference/v1/generate body with a `--tokens`-id prompt, decoded by the standard library's json
-(FastAPI's default) and by msgspec (`rollout_server/json_body.py`), and the engine request encoded both
-ways (`engine/frontend_client.py`). Medians over `--rounds`; ratios are against the old way, same run.
+(FastAPI's default) and by msgspec (`rollout_server/fast_json.py`); encode: the same ids as the engine
+request (`engine/frontend_client.py`) and a /generate response (which echoes them) write them, both ways.
+Medians over `--rounds`; ratios are against the old way, same run.
 Writes one flat JSON object.
 """
 from __future__ import annotations

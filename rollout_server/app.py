@@ -28,7 +28,7 @@ from rollout_server.disconnect import unless_disconnected
 from rollout_server.errors import APIError, install_error_handlers, model_not_found, validation_error
 from engine.pool_config import DEFAULT_POOL
 from rollout_server.generation import ServingContext
-from rollout_server.json_body import MsgspecRoute
+from rollout_server.fast_json import MsgspecRoute
 from rollout_server.pool_access import reachable_pools
 from rollout_server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from rollout_server.usage import UsageRecorder, usage_router

@@ -13,11 +13,12 @@ import json
 import time
 from dataclasses import dataclass
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from engine.frontend_client import ChoiceDelta, EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
+from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, running_usage_of, sampling_for,
     session_id_for, sse, stream_interval_for,
@@ -153,7 +154,7 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
     }
     if req.return_token_ids:
         body["prompt_token_ids"] = engine_request.prompt_token_ids
-    return JSONResponse(body, headers=generation.response_headers())
+    return MsgspecJSONResponse(body, headers=generation.response_headers())
 
 
 def _choice_json(ctx: ServingContext, req: ChatCompletionRequest, choice: ChoiceResult) -> dict:

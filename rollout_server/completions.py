@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import time
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from engine.frontend_client import EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
+from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, running_usage_of,
     sampling_for, session_id_for, sse, start_all, stream_interval_for,
@@ -74,7 +75,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
     body = {"id": request_id, "object": "text_completion", "created": int(first.created_at), "model": req.model,
             "choices": choices, "usage": usage, "policy_version": first.policy_version,
             "session_id": session_id, "worker_id": first.worker_id}
-    return JSONResponse(body, headers=first.response_headers())
+    return MsgspecJSONResponse(body, headers=first.response_headers())
 
 
 def _choice_json(ctx: ServingContext, req: CompletionRequest, g: Generation, c: ChoiceResult, index: int) -> dict:
@@ -140,4 +141,4 @@ async def generate(ctx: ServingContext, req: GenerateRequest, session_header: st
         } for c in choices],
         "usage": generation.usage_dict(), "worker_id": generation.worker_id,
     }
-    return JSONResponse(body, headers=generation.response_headers())
+    return MsgspecJSONResponse(body, headers=generation.response_headers())
