@@ -28,7 +28,7 @@ from rollout_server.disconnect import unless_disconnected
 from rollout_server.errors import APIError, install_error_handlers, model_not_found, validation_error
 from engine.pool_config import DEFAULT_POOL
 from rollout_server.generation import ServingContext
-from rollout_server.fast_json import MsgspecRoute
+from rollout_server.fast_json import msgspec_route
 from rollout_server.pool_access import reachable_pools
 from rollout_server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 from rollout_server.usage import UsageRecorder, usage_router
@@ -93,7 +93,7 @@ def create_app(state: AppState) -> FastAPI:
             await asyncio.to_thread(state.usage.close)
 
     app = FastAPI(title="rollout-serve", version="0.1.0", lifespan=lifespan)
-    app.router.route_class = MsgspecRoute
+    app.router.route_class = msgspec_route(int(state.ctx.settings.max_request_body_mib * 2**20))
     app.state.rollout = state
     install_error_handlers(app)
     ctx = state.ctx

@@ -5,6 +5,9 @@ A token-in/token-out request carries its prompt as a JSON list of ids, and its r
 `json.dumps` (0.7 ms), on the front door's event loop, where that time holds every stream
 (benchmarks/long_prompt.py). Malformed bodies still raise `json.JSONDecodeError`, which FastAPI turns
 into the validation error the front door answers with a 400 naming the problem.
+
+Bodies over the size limit are refused with a 413 before they are read to the end: a 60 MB prompt would
+otherwise be read, parsed and tokenized (a minute of a core) only to be refused as over the context.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import re
 from typing import Any
 
 import msgspec
-from fastapi import Request
+from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
@@ -22,6 +25,22 @@ _BYTE_POSITION = re.compile(r"\(byte (\d+)\)")
 
 
 class MsgspecRequest(Request):
+    max_body_bytes: int = 32 * 2**20
+
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            declared = self.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_body_bytes:
+                raise self._too_large()
+            chunks, size = [], 0
+            async for chunk in self.stream():
+                size += len(chunk)
+                if size > self.max_body_bytes:  # sent without a Content-Length, or with a false one
+                    raise self._too_large()
+                chunks.append(chunk)
+            self._body = b"".join(chunks)
+        return self._body
+
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             body = await self.body()
@@ -33,17 +52,26 @@ class MsgspecRequest(Request):
                                            int(position.group(1)) if position else 0) from None
         return self._json
 
+    def _too_large(self) -> HTTPException:
+        # An HTTPException: FastAPI turns any other error while it reads the body into a 400.
+        return HTTPException(413, f"The request body is larger than this server accepts ({self.max_body_bytes} "
+                                  f"bytes; setting max_request_body_mib).")
 
-class MsgspecRoute(APIRoute):
-    """A route whose handler reads its JSON body with msgspec."""
 
-    def get_route_handler(self):
-        handle = super().get_route_handler()
+def msgspec_route(max_body_bytes: int) -> type[APIRoute]:
+    """A route class whose handlers read JSON bodies of up to `max_body_bytes` with msgspec."""
+    request_class = type("LimitedMsgspecRequest", (MsgspecRequest,), {"max_body_bytes": max_body_bytes})
 
-        async def handle_with_msgspec(request: Request):
-            return await handle(MsgspecRequest(request.scope, request.receive))
+    class MsgspecRoute(APIRoute):
+        def get_route_handler(self):
+            handle = super().get_route_handler()
 
-        return handle_with_msgspec
+            async def handle_with_msgspec(request: Request):
+                return await handle(request_class(request.scope, request.receive))
+
+            return handle_with_msgspec
+
+    return MsgspecRoute
 
 
 class MsgspecJSONResponse(JSONResponse):

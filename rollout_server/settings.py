@@ -144,6 +144,8 @@ class Settings(BaseSettings):
 
     # Requests.
     request_timeout_s: float = Field(600.0, description="upper bound on one request through the stack")
+    max_request_body_mib: float = Field(32.0, gt=0, description="largest JSON request body accepted (413 above it); a "
+                                        "1M-token prompt is ~4 MiB as text, ~7 MiB as token ids")
     default_max_tokens: int | None = Field(None, description="max_tokens when a chat request sets none (None: fill the context, as vLLM)")
 
     # Trace capture (nested: set with ROLLOUT_SERVE_TRACES__<FIELD>, e.g. ROLLOUT_SERVE_TRACES__ENABLED=false).

@@ -29,6 +29,18 @@ def test_malformed_json(stack):
                  code="invalid_json")
 
 
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_body_over_the_size_limit_is_a_413_and_the_server_goes_on(stack, client, declared):
+    """Refused before it is read, parsed and tokenized (the default limit is 32 MiB), with or without a
+    Content-Length header (chunked)."""
+    words = b'"' + b"word " * (7 * 2**20) + b'"'  # 35 MiB
+    body = b'{"model": "tiny-qwen2", "messages": [{"role": "user", "content": ' + words + b"}]}"
+    content = body if declared else (body[i:i + 2**20] for i in range(0, len(body), 2**20))
+    error = assert_error(post(stack, "/v1/chat/completions", content=content), 413)
+    assert "max_request_body_mib" in error["message"]
+    assert client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=2).choices[0].message is not None
+
+
 @pytest.mark.parametrize("content", [b"null", b"[]", b"5", b'"hello"'])
 def test_a_body_that_is_not_an_object_is_refused(stack, content):
     error = assert_error(post(stack, "/v1/chat/completions", content=content), 400, code="invalid_value")
