@@ -122,6 +122,6 @@ def test_when_the_master_dies_the_store_fails_fast_instead_of_stalling_every_cal
             assert store.exists(["test/outage/0"]) == [None]
             assert store.get(["test/outage/0"], out[:1]) == [False]
             assert store.put(["test/outage/2"], data[:1]) == 0
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < 3, "calls went to the unreachable master again (each takes seconds)"
     finally:
         stop_all(children)
