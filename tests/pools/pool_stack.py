@@ -120,7 +120,7 @@ class KillOutcome:
 
 
 def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int], streaming: int = 8,
-                           arriving: int = 12, max_tokens: int = 300, streaming_max_tokens: int = 3000) -> KillOutcome:
+                           arriving: int = 12, max_tokens: int = 300, streaming_max_tokens: int = 6000) -> KillOutcome:
     """`streaming` requests stream tokens (long ones: they must still be running at the kill), `arriving`
     more are sent, and 0.2 s later the worker process group `choose_victim()` names (asked once the
     streams run, so that it can pick a worker carrying some) is SIGKILLed; returns what happened to each
