@@ -25,7 +25,7 @@ _BYTE_POSITION = re.compile(r"\(byte (\d+)\)")
 
 
 class MsgspecRequest(Request):
-    max_body_bytes: int = 32 * 2**20
+    max_body_bytes: int  # set by the route (settings.max_request_body_mib)
 
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
@@ -60,14 +60,14 @@ class MsgspecRequest(Request):
 
 def msgspec_route(max_body_bytes: int) -> type[APIRoute]:
     """A route class whose handlers read JSON bodies of up to `max_body_bytes` with msgspec."""
-    request_class = type("LimitedMsgspecRequest", (MsgspecRequest,), {"max_body_bytes": max_body_bytes})
-
     class MsgspecRoute(APIRoute):
         def get_route_handler(self):
             handle = super().get_route_handler()
 
             async def handle_with_msgspec(request: Request):
-                return await handle(request_class(request.scope, request.receive))
+                limited = MsgspecRequest(request.scope, request.receive)
+                limited.max_body_bytes = max_body_bytes
+                return await handle(limited)
 
             return handle_with_msgspec
 

@@ -15,10 +15,10 @@ from transformers import AutoTokenizer
 
 T = TypeVar("T")
 
-# Tokenizing a 140k-token agent prompt takes 0.14 s on these cores (benchmarks/long_prompt.py); on the front
-# door's event loop that is 0.14 s without a token for every other stream it serves. HF's fast tokenizer releases the GIL while
-# it encodes, so texts longer than this go to a worker thread; shorter ones (under ~5 ms of work) stay
-# inline, where the thread hop (~0.1 ms of CPU) would cost more than it spares.
+# Tokenizing a 140k-token agent prompt takes 0.14 s on these cores (benchmarks/long_prompt.py); on the
+# front door's event loop that is 0.14 s without a token for every other stream it serves. HF's fast
+# tokenizer releases the GIL while it encodes, so texts longer than this go to a worker thread; shorter
+# ones (under ~5 ms of work) stay inline, where the thread hop (~0.1 ms of CPU) would cost more.
 INLINE_TOKENIZE_CHARS = 8_192
 
 
