@@ -252,7 +252,8 @@ def test_refusals_from_every_deployment_are_retried_after_pauses_that_double():
     # Rounds of one try per deployment, each after the other: p/0 and p/1, a 0.2 s pause, both again,
     # a 0.4 s pause, then the one that answers.
     assert sorted(f.calls for f in fakes) == [2, 3] and pool.failovers == 2
-    assert 0.6 <= time.monotonic() - started < 2.0
+    # 0.2 + 0.4 s of pauses; the upper bound only catches pauses far too long (a stalled VM can add seconds).
+    assert 0.6 <= time.monotonic() - started < 5.0
 
 
 def test_a_deployment_with_a_dead_process_leaves_rotation_before_its_slow_restart():
