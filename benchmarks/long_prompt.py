@@ -8,6 +8,9 @@ model's tokenizer), inline on the event loop (as the front door did) and through
 Parse: a /inference/v1/generate body with a `--tokens`-id prompt, decoded by the standard library's json
 (FastAPI's default) and by msgspec (`rollout_server/fast_json.py`); encode: the same ids as the engine
 request (`engine/frontend_client.py`) and a /generate response (which echoes them) write them, both ways.
+Returning turn: an agent session of ~`--tokens` tokens in 20 turns gets one more turn of ~6,000 tokens;
+its prompt rendered and tokenized whole (as before) and from where the turn before ended
+(`rollout_server/session_prompts.py`, the session's earlier ids kept); the two give the same ids.
 Medians over `--rounds`; ratios are against the old way, same run.
 Writes one flat JSON object.
 """
@@ -63,6 +66,26 @@ def timed(fn) -> float:
     return time.perf_counter() - started
 
 
+def agent_session(text: str, turns: int) -> list[dict]:
+    """`text` cut into `turns` user/assistant turns."""
+    step = len(text) // (2 * turns)
+    return [{"role": ("user", "assistant")[i % 2], "content": text[i * step:(i + 1) * step]} for i in range(2 * turns)]
+
+
+def returning_turn_times(tokenizer: ModelTokenizer, text: str, rounds: int) -> tuple[list[float], list[float]]:
+    """Seconds to render and tokenize a returning turn's prompt whole, and from the session's last turn."""
+    history = agent_session(text, turns=20)
+    added = [{"role": "user", "content": text[:len(text) // 23]}]  # ~6,000 tokens, 4% of the session
+    whole, session = [], []
+    for round_ in range(rounds):
+        tokenizer.render_chat(history, None, session_id=f"bench-{round_}")  # the turn before, kept
+        whole.append(timed(lambda: tokenizer.render_chat(history + added, None)))
+        session.append(timed(lambda: tokenizer.render_chat(history + added, None, session_id=f"bench-{round_}")))
+    assert tokenizer.render_chat(history + added, None, session_id="bench-0") == \
+        tokenizer.render_chat(history + added, None), "a returning turn must tokenize to the whole prompt's ids"
+    return whole, session
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=140_000)
@@ -70,7 +93,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "long_prompt.json")
     args = parser.parse_args()
 
-    tokenizer = ModelTokenizer(ensure_tiny_model(0, CACHE_DIR / "models"))
+    tokenizer = ModelTokenizer(ensure_tiny_model(0, CACHE_DIR / "models"), session_prompt_tokens=10_000_000)
     text = SOURCE * (args.tokens // len(tokenizer.encode(SOURCE)) + 1)
     messages = [{"role": "user", "content": text}]
     render = lambda: tokenizer.render_chat(messages, None)  # noqa: E731
@@ -80,6 +103,8 @@ def main() -> None:
     for _ in range(args.rounds):
         inline.append(asyncio.run(longest_stall(_inline(render))))
         threaded.append(asyncio.run(longest_stall(tokenize_off_the_loop(len(text), render))))
+
+    returning_whole, returning_session = returning_turn_times(tokenizer, text, args.rounds)
 
     ids = [random.randrange(tokenizer.vocab_size) for _ in range(args.tokens)]
     body = json.dumps({"model": "m", "token_ids": ids, "sampling_params": {"max_tokens": 16}}).encode()
@@ -96,6 +121,9 @@ def main() -> None:
         "loop_stall_s_inline": round(med(inline), 4),
         "loop_stall_s_off_the_loop": round(med(threaded), 4),
         "loop_stall_ratio_off_over_inline": round(med(threaded) / med(inline), 4),
+        "returning_turn_tokenize_s_whole": round(med(returning_whole), 4),
+        "returning_turn_tokenize_s_session": round(med(returning_session), 4),
+        "returning_turn_tokenize_ratio_session_over_whole": round(med(returning_session) / med(returning_whole), 4),
         "token_id_prompt_parse_s_json": round(med(parse_json), 5),
         "token_id_prompt_parse_s_msgspec": round(med(parse_msgspec), 5),
         "token_id_prompt_parse_ratio_msgspec_over_json": round(med(parse_msgspec) / med(parse_json), 4),

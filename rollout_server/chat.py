@@ -102,13 +102,14 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
 
 
 async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
-                               tool_plan: ToolPlan | None) -> EngineRequest:
+                               tool_plan: ToolPlan | None, named_session: bool = False) -> EngineRequest:
+    """`named_session`: the client named the session, so its next turn is likely to extend this prompt."""
     messages = _messages(ctx, req)
     chars = sum(len(m["content"]) for m in messages) + sum(len(str(d)) for d in req.documents or ())
     try:
         prompt_ids = await tokenize_off_the_loop(chars, lambda: ctx.tokenizer.render_chat(
             messages, req.tools, req.add_generation_prompt, req.continue_final_message, req.documents,
-            req.chat_template_kwargs))
+            req.chat_template_kwargs, session_id if named_session else None))
     except APIError:
         raise
     except Exception as exc:  # the template rejected the conversation (e.g. a role it does not know)
@@ -137,7 +138,8 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
     ctx.route(req.model, who)
     session_id = session_id_for(session_header, req.session_id, req.user)
     tool_plan = await plan_tools(ctx, req)
-    engine_request = await build_engine_request(ctx, req, session_id, tool_plan)
+    named_session = bool(session_header or req.session_id or req.user)
+    engine_request = await build_engine_request(ctx, req, session_id, tool_plan, named_session)
     generation = Generation(ctx, engine_request, who=who, endpoint="chat.completions",
                             request_body=req.model_dump(exclude_none=True),
                             on_choice_finished=None if req.stream else _finish_choice(tool_plan))

@@ -41,6 +41,9 @@ class Metrics:
                                     "refusal before output, since start", ["pool"], registry=r)
         self.pool_cold_starts = Gauge("rollout_pool_cold_starts", "Scale-ups from zero workers, since start",
                                       ["pool"], registry=r)
+        self.session_prompt_tokens_reused = Gauge(
+            "rollout_session_prompt_tokens_reused", "Prompt tokens of returning session turns not tokenized again "
+            "(their ids kept from the turn before), since start", registry=r)
         self.deployment_healthy = Gauge("rollout_deployment_healthy", "1 if the deployment (Dynamo frontend + "
                                         "workers) is in rotation", ["pool", "deployment"], registry=r)
 

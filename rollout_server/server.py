@@ -88,7 +88,7 @@ def deployer_for(settings: Settings, database, model_dir: Path, model_name: str,
 
 
 def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack, pools: PoolSet) -> AppState:
-    tokenizer = ModelTokenizer(model_dir)
+    tokenizer = ModelTokenizer(model_dir, settings.session_prompt_tokens)
     database = open_database(settings.resolved_database_url)
     deployer = deployer_for(settings, database, model_dir, model_name, stack, pools)
     pools.current_model_dir = lambda: Path(deployer.models.base.path or model_dir)
@@ -98,6 +98,7 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack,
         metrics=Metrics(), models=deployer.models, max_model_len=model_context_window(model_dir, settings),
         tool_format=tool_format_of(tokenizer), pools={name: p.config for name, p in pools.pools.items()},
     )
+    ctx.metrics.session_prompt_tokens_reused.set_function(lambda: tokenizer.session_prompts.reused_tokens)
     auth = Authenticator(KeyStore(database, settings.admin_key))
     state = AppState(ctx=ctx, auth=auth, stack=stack, deployer=deployer, pools=pools)
     ctx.limiter = RateLimiter(KeyLimitStore(database, settings.quotas).limits_for)

@@ -13,6 +13,8 @@ from typing import Callable, TypeVar
 
 from transformers import AutoTokenizer
 
+from rollout_server.session_prompts import session_prompts_for
+
 T = TypeVar("T")
 
 # Tokenizing a 140k-token agent prompt takes 0.14 s on these cores (benchmarks/long_prompt.py); on the
@@ -45,11 +47,14 @@ def _byte_decoder() -> dict[str, int]:
 
 
 class ModelTokenizer:
-    def __init__(self, model_dir: Path):
+    def __init__(self, model_dir: Path, session_prompt_tokens: int = 0):
+        """`session_prompt_tokens`: token ids of named sessions' prompts kept so that a returning turn
+        tokenizes only what it adds (rollout_server/session_prompts.py); 0 keeps none."""
         self.hf = AutoTokenizer.from_pretrained(str(model_dir))
         self.vocab_size = len(self.hf)
         self.eos_token_id = self.hf.eos_token_id
         self._added = {tok.content for tok in self.hf.added_tokens_decoder.values()}
+        self.session_prompts = session_prompts_for(self.hf, self.encode, session_prompt_tokens)
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False)
@@ -59,13 +64,14 @@ class ModelTokenizer:
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True,
                     continue_final_message: bool = False, documents: list[dict] | None = None,
-                    template_kwargs: dict | None = None) -> list[int]:
-        ids = self.hf.apply_chat_template(
-            messages, tools=tools or None, documents=documents, tokenize=True,
+                    template_kwargs: dict | None = None, session_id: str | None = None) -> list[int]:
+        """The prompt's token ids; `session_id` names a session whose next turn will extend this prompt."""
+        text = self.hf.apply_chat_template(
+            messages, tools=tools or None, documents=documents, tokenize=False,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-            return_dict=False, **(template_kwargs or {}),
+            **(template_kwargs or {}),
         )
-        return list(ids)
+        return self.session_prompts.encode(session_id, text)
 
     def token_bytes(self, token_id: int) -> bytes:
         token = self.hf.convert_ids_to_tokens(token_id)

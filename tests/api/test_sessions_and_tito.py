@@ -55,21 +55,35 @@ def test_train_mode_round_trip_keeps_exact_token_ids(stack, tokenizer):
     assert greedy["choices"][0]["token_ids"] == again["choices"][0]["token_ids"]
 
 
-def test_long_session_stays_on_one_worker_with_growing_cache_hits(stack, client):
+def _metric(stack, name: str) -> float:
+    line = next(line for line in httpx.get(f"{stack.url}/metrics", timeout=10).text.splitlines()
+                if line.startswith(name + " "))
+    return float(line.split()[1])
+
+
+def test_long_session_stays_on_one_worker_with_growing_cache_hits(stack, client, tokenizer):
+    """Also: the front door tokenizes each returning turn from where the turn before ended (its ids kept),
+    and the ids are exactly those of the whole prompt tokenized by Hugging Face."""
     rng = random.Random(5)
     vocabulary = "read write file path edit search shell test model token cache worker session".split()
     messages = [{"role": "system", "content": " ".join(rng.choice(vocabulary) for _ in range(2500))}]
     workers, cached, prompts = [], [], []
+    reused_before = _metric(stack, "rollout_session_prompt_tokens_reused")
     for turn in range(4):
         messages.append({"role": "user", "content": f"turn {turn}: " + " ".join(rng.choice(vocabulary) for _ in range(400))})
         raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_headers={"X-Session-ID": "agent-42"})
+            model=MODEL, messages=messages, max_tokens=6, temperature=0, extra_headers={"X-Session-ID": "agent-42"},
+            extra_body={"return_token_ids": True})
         reply = raw.parse()
         workers.append(raw.headers["x-worker-id"])
         cached.append(reply.usage.prompt_tokens_details.cached_tokens)
         prompts.append(reply.usage.prompt_tokens)
         assert raw.headers["x-session-id"] == "agent-42"
+        assert reply.model_extra["prompt_token_ids"] == tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    # Each returning turn reused the ids of the turn before, all but its "<|im_start|>assistant\n" tail.
+    assert _metric(stack, "rollout_session_prompt_tokens_reused") - reused_before >= sum(prompts[:3]) - 3 * 8
     assert len(set(workers)) == 1, workers
     assert prompts[0] > 2500
     for turn in range(1, 4):
