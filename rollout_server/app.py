@@ -30,7 +30,10 @@ from engine.pool_config import DEFAULT_POOL
 from rollout_server.generation import ServingContext
 from rollout_server.fast_json import msgspec_route
 from rollout_server.pool_access import reachable_pools
-from rollout_server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from rollout_server.protocol import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest,
+)
+from rollout_server.tokenization import detokenize, tokenize
 from rollout_server.usage import UsageRecorder, usage_router
 
 log = logging.getLogger(__name__)
@@ -183,6 +186,14 @@ def create_app(state: AppState) -> FastAPI:
     @app.post("/v1/completions")
     async def complete(body: CompletionRequest, request: Request, who: Principal = Depends(caller)):
         return await unless_disconnected(request, completions(ctx, body, request.headers.get("x-session-id"), who))
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeRequest, request: Request, who: Principal = Depends(caller)):
+        return await tokenize(ctx, body, request.headers.get("x-session-id"), who)
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest, who: Principal = Depends(caller)):
+        return await detokenize(ctx, body, who)
 
     @app.post("/inference/v1/generate")
     async def tito(body: GenerateRequest, request: Request, who: Principal = Depends(caller)):

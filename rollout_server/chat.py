@@ -24,7 +24,7 @@ from rollout_server.generation import (
     session_id_for, sse, stream_interval_for,
 )
 from rollout_server.logprobs import chat_logprobs
-from rollout_server.protocol import ChatCompletionRequest
+from rollout_server.protocol import ChatCompletionRequest, TokenizeRequest
 from rollout_server.structured import grammar_for_structural_tag, guided_for
 from rollout_server.tokenizer import tokenize_off_the_loop
 from rollout_server.tool_calls import StreamParser, ToolCallFormat, ToolRequestError, finish_reason_for, fold_deltas
@@ -59,7 +59,7 @@ def _arguments_as_objects(tool_calls: list[dict]) -> list[dict]:
     return calls
 
 
-def _messages(ctx: ServingContext, req: ChatCompletionRequest) -> list[dict]:
+def _messages(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest) -> list[dict]:
     objects = ctx.tool_format is not None and ctx.tool_format.template_wants_argument_objects
     messages = []
     for i, m in enumerate(req.messages):
@@ -101,19 +101,25 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
     return ToolPlan(ctx.tool_format, req.tools, guided)
 
 
-async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
-                               tool_plan: ToolPlan | None, named_session: bool = False) -> EngineRequest:
-    """`named_session`: the client named the session, so its next turn is likely to extend this prompt."""
+async def prompt_ids_for(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest,
+                         named_session: str | None, add_special_tokens: bool = False) -> list[int]:
+    """The conversation's prompt ids, rendered with the model's chat template. `named_session`: a session the
+    client named, whose next turn is likely to extend this prompt."""
     messages = _messages(ctx, req)
     chars = sum(len(m["content"]) for m in messages) + sum(len(str(d)) for d in req.documents or ())
     try:
-        prompt_ids = await tokenize_off_the_loop(chars, lambda: ctx.tokenizer.render_chat(
+        return await tokenize_off_the_loop(chars, lambda: ctx.tokenizer.render_chat(
             messages, req.tools, req.add_generation_prompt, req.continue_final_message, req.documents,
-            req.chat_template_kwargs, session_id if named_session else None))
+            req.chat_template_kwargs, named_session, add_special_tokens))
     except APIError:
         raise
     except Exception as exc:  # the template rejected the conversation (e.g. a role it does not know)
         raise bad_request(f"the chat template could not render these messages: {exc}", param="messages") from exc
+
+
+async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
+                               tool_plan: ToolPlan | None, named_session: str | None = None) -> EngineRequest:
+    prompt_ids = await prompt_ids_for(ctx, req, named_session)
     max_tokens = check_prompt(ctx, prompt_ids, req.max_new_tokens, "messages")
     guided = tool_plan.guided if tool_plan else guided_for(req.response_format, req.structured_outputs)
     return EngineRequest(
@@ -138,7 +144,7 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
     ctx.route(req.model, who)
     session_id = session_id_for(session_header, req.session_id, req.user)
     tool_plan = await plan_tools(ctx, req)
-    named_session = bool(session_header or req.session_id or req.user)
+    named_session = session_id if session_header or req.session_id or req.user else None
     engine_request = await build_engine_request(ctx, req, session_id, tool_plan, named_session)
     generation = Generation(ctx, engine_request, who=who, endpoint="chat.completions",
                             request_body=req.model_dump(exclude_none=True),

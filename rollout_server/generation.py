@@ -118,10 +118,7 @@ def sampling_for(ctx: ServingContext, fields: SamplingFields, max_tokens: int, p
     if fields.min_tokens is not None and fields.min_tokens > max_tokens:
         raise bad_request(f"min_tokens ({fields.min_tokens}) must be at most max_tokens ({max_tokens})",
                           param=f"{param_prefix}min_tokens")
-    bad = ctx.tokenizer.out_of_vocab(fields.stop_token_ids or [])
-    if bad is not None:
-        raise bad_request(f"Token id {bad} is out of vocabulary (vocabulary size {ctx.tokenizer.vocab_size}).",
-                          param=f"{param_prefix}stop_token_ids", code="token_out_of_vocabulary")
+    check_in_vocabulary(ctx, fields.stop_token_ids or [], f"{param_prefix}stop_token_ids")
     return {name: getattr(fields, name) for name in _PASSED_THROUGH if getattr(fields, name) is not None}
 
 
@@ -133,12 +130,16 @@ def stream_interval_for(ctx: ServingContext, streamed: bool, requested: int | No
     return requested or ctx.settings.stream_interval
 
 
-def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> int:
-    """Validates the prompt against the vocabulary and context window; returns the max_tokens to use."""
-    bad = ctx.tokenizer.out_of_vocab(prompt_ids)
+def check_in_vocabulary(ctx: ServingContext, ids: list[int], param: str) -> None:
+    bad = ctx.tokenizer.out_of_vocab(ids)
     if bad is not None:
         raise bad_request(f"Token id {bad} is out of vocabulary (vocabulary size {ctx.tokenizer.vocab_size}).",
-                          param=prompt_param, code="token_out_of_vocabulary")
+                          param=param, code="token_out_of_vocabulary")
+
+
+def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> int:
+    """Validates the prompt against the vocabulary and context window; returns the max_tokens to use."""
+    check_in_vocabulary(ctx, prompt_ids, prompt_param)
     room = ctx.max_model_len - len(prompt_ids)
     if room <= 0:
         raise bad_request(f"This model's maximum context length is {ctx.max_model_len} tokens. However, your prompt "

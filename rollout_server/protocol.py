@@ -122,7 +122,27 @@ _RENDER_ARGUMENTS = {"messages", "conversation", "tools", "documents", "chat_tem
                      "add_generation_prompt", "continue_final_message", "tokenizer_kwargs", "return_tensors",
                      "padding", "truncation", "max_length", "return_assistant_tokens_mask"}
 
-class ChatCompletionRequest(SamplingFields):
+
+class ChatTemplateFields(_Request):
+    """What the model's chat template renders a conversation with: chat completions and /tokenize."""
+
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
+    documents: list[dict[str, Any]] | None = None
+    chat_template: Any = None                           # CANNOT_APPLY: refused when set
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, v):
+        taken = sorted(set(v or {}) & _RENDER_ARGUMENTS)
+        if taken:
+            raise ValueError(f"{', '.join(taken)} cannot be set here (request fields of their own, or the server's)")
+        return v
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -133,18 +153,11 @@ class ChatCompletionRequest(SamplingFields):
     session_id: str | None = None                       # as X-Session-ID (the header wins)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
-    documents: list[dict[str, Any]] | None = None
-
-    chat_template: Any = None                           # CANNOT_APPLY: refused when set
     echo: bool = False                                  # vLLM's chat echo: refused when set (completions echo)
 
     @field_validator("echo")
@@ -152,14 +165,6 @@ class ChatCompletionRequest(SamplingFields):
     def _no_chat_echo(cls, v):
         if v:
             raise ValueError("echo is not supported by this server on chat completions (it is on completions)")
-        return v
-
-    @field_validator("chat_template_kwargs")
-    @classmethod
-    def _template_variables_only(cls, v):
-        taken = sorted(set(v or {}) & _RENDER_ARGUMENTS)
-        if taken:
-            raise ValueError(f"{', '.join(taken)} cannot be set here (request fields of their own, or the server's)")
         return v
 
     @property
@@ -212,3 +217,26 @@ class GenerateRequest(_Request):
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
     request_id: str | None = None
     stream: bool = False
+
+
+class TokenizeRequest(ChatTemplateFields):
+    """vLLM's POST /tokenize: a text prompt, or a conversation rendered as chat completions render it."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1, validate_default=True)
+    add_special_tokens: bool | None = None  # default as vLLM: yes for a prompt, no for messages (the template's own)
+    return_token_strs: bool = False
+    session_id: str | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _prompt_or_messages(cls, v, info):
+        if (info.data.get("prompt") is None) == (v is None):
+            raise ValueError("set either prompt (text) or messages (a conversation), one of them")
+        return v
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[NonNegativeInt]

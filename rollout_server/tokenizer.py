@@ -64,13 +64,17 @@ class ModelTokenizer:
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool = True,
                     continue_final_message: bool = False, documents: list[dict] | None = None,
-                    template_kwargs: dict | None = None, session_id: str | None = None) -> list[int]:
-        """The prompt's token ids; `session_id` names a session whose next turn will extend this prompt."""
+                    template_kwargs: dict | None = None, session_id: str | None = None,
+                    add_special_tokens: bool = False) -> list[int]:
+        """The prompt's token ids; `session_id` names a session whose next turn will extend this prompt.
+        `add_special_tokens`: the tokenizer's own (a BOS) on top of those the template writes."""
         text = self.hf.apply_chat_template(
             messages, tools=tools or None, documents=documents, tokenize=False,
             add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
             **(template_kwargs or {}),
         )
+        if add_special_tokens:
+            return self.hf.encode(text, add_special_tokens=True)
         return self.session_prompts.encode(session_id, text)
 
     def token_bytes(self, token_id: int) -> bytes:

@@ -1,0 +1,36 @@
+"""POST /tokenize and /detokenize, as vLLM serves them.
+
+An RL trainer that builds its own token-in/token-out prompts asks the server for the ids it would use:
+/tokenize renders messages exactly as chat completions do (same template, tools, session prefixes), so
+the ids it returns are the ids a chat request with the same body is served on.
+"""
+
+from __future__ import annotations
+
+from rollout_server.auth import Principal
+from rollout_server.chat import prompt_ids_for
+from rollout_server.generation import ServingContext, check_in_vocabulary
+from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
+from rollout_server.tokenizer import tokenize_off_the_loop
+
+
+async def tokenize(ctx: ServingContext, req: TokenizeRequest, session_header: str | None, who: Principal) -> dict:
+    if req.model is not None:
+        ctx.route(req.model, who)
+    if req.messages is not None:
+        ids = await prompt_ids_for(ctx, req, session_header or req.session_id, bool(req.add_special_tokens))
+    else:
+        with_specials = req.add_special_tokens is not False
+        ids = await tokenize_off_the_loop(
+            len(req.prompt), lambda: ctx.tokenizer.hf.encode(req.prompt, add_special_tokens=with_specials))
+    return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids,
+            "token_strs": ctx.tokenizer.hf.convert_ids_to_tokens(ids) if req.return_token_strs else None}
+
+
+async def detokenize(ctx: ServingContext, req: DetokenizeRequest, who: Principal) -> dict:
+    if req.model is not None:
+        ctx.route(req.model, who)
+    check_in_vocabulary(ctx, req.tokens, "tokens")
+    text = await tokenize_off_the_loop(  # ~4 characters a token
+        4 * len(req.tokens), lambda: ctx.tokenizer.decode(req.tokens, skip_special_tokens=False))
+    return {"prompt": text}
