@@ -123,7 +123,7 @@ def main() -> None:
 
             wait_for(lambda: all(d["healthy"] for d in pools(stack.url)["ha"]["deployments"]), 180, "ha up")
             victim = pools(stack.url)["ha"]["deployments"][0]["worker_pids"][0]
-            outcome = kill_worker_under_load(stack.url, f"{MODEL}@ha", victim)
+            outcome = kill_worker_under_load(stack.url, f"{MODEL}@ha", lambda: victim)
             print(f"worker kill under load: {len(outcome.not_started)} requests had no token yet, "
                   f"{len(outcome.lost)} of them lost; {len(outcome.cut)} streams cut with an error event")
         except BaseException:

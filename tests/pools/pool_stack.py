@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,11 +76,14 @@ class StreamRecord:
     finish_reason: str | None = None
     error: dict | None = None
     done: bool = False
+    last_token_at: float | None = None
+    left: bool = False  # the client stopped reading (told to by `stop`)
 
 
 def stream(url: str, model: str, session: str, max_tokens: int, record: StreamRecord,
-           deadline_s: float = 240) -> StreamRecord:
-    """A streamed completion (a ~600-token prompt), recorded as it arrives: when its first token came, how it ended."""
+           deadline_s: float = 240, stop: threading.Event | None = None) -> StreamRecord:
+    """A streamed completion (a ~600-token prompt), recorded as it arrives: when its first token came, how it
+    ended. Once `stop` is set, the client leaves at the next chunk."""
     body = {"model": model, "prompt": "the quick brown fox " * 150, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True}
     deadline = time.monotonic() + deadline_s
@@ -103,8 +107,13 @@ def stream(url: str, model: str, session: str, max_tokens: int, record: StreamRe
             for choice in chunk["choices"]:
                 if choice["text"] and record.first_token_at is None:
                     record.first_token_at = time.monotonic()
-                record.tokens += 1 if choice["text"] or choice.get("finish_reason") is None else 0
+                if choice["text"] or choice.get("finish_reason") is None:  # a token (special ones have no text)
+                    record.tokens += 1
+                    record.last_token_at = time.monotonic()
                 record.finish_reason = choice.get("finish_reason") or record.finish_reason
+            if stop is not None and stop.is_set():
+                record.left = True
+                break
     return record
 
 
@@ -124,11 +133,13 @@ def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int
     """`streaming` requests stream tokens (long ones: they must still be running at the kill), `arriving`
     more are sent, and 0.2 s later the worker process group `choose_victim()` names (asked once the
     streams run, so that it can pick a worker carrying some) is SIGKILLed; returns what happened to each
-    request."""
+    request. Long streams still on a live worker 10 s after the kill are left (their client stops reading):
+    running them to the end would prove nothing more."""
     started = [StreamRecord() for _ in range(streaming)]
     queued = [StreamRecord() for _ in range(arriving)]
+    stop = threading.Event()
     with ThreadPoolExecutor(streaming + arriving) as threads:
-        running = [threads.submit(stream, url, model, f"started-{i}", streaming_max_tokens, r)
+        running = [threads.submit(stream, url, model, f"started-{i}", streaming_max_tokens, r, stop=stop)
                    for i, r in enumerate(started)]
         wait_for(lambda: all(r.first_token_at for r in started), 120, "every first stream streaming", poll_s=0.05)
         victim_pid = choose_victim()
@@ -136,9 +147,16 @@ def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int
         time.sleep(0.2)        # the new requests are in the front door, in Dynamo, or prefilling
         killed_at = time.monotonic()
         os.killpg(victim_pid, signal.SIGKILL)
-        for future in running + waiting:
+        for future in waiting:
             future.result(timeout=300)
+        # A token that arrives 10 s after the kill comes from a live worker (one sent before it would have
+        # arrived long before); every other stream has ended, cut or complete.
+        wait_for(lambda: all(f.done() or r.last_token_at > killed_at + 10 for f, r in zip(running, started)), 240,
+                 "every stream on the killed worker ended")
+        stop.set()
+        for future in running:
+            future.result(timeout=60)
     records = started + queued
     not_started = [r for r in records if r.first_token_at is None or r.first_token_at > killed_at]
-    cut = [r for r in records if r not in not_started and not completed(r)]
+    cut = [r for r in records if r not in not_started and not completed(r) and not r.left]
     return KillOutcome(not_started, cut, [r for r in not_started if not completed(r)])
