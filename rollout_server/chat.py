@@ -119,7 +119,7 @@ async def prompt_ids_for(ctx: ServingContext, req: ChatCompletionRequest | Token
 
 async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
                                tool_plan: ToolPlan | None, named_session: str | None = None) -> EngineRequest:
-    prompt_ids = await prompt_ids_for(ctx, req, named_session)
+    prompt_ids = await prompt_ids_for(ctx, req, named_session, req.add_special_tokens)
     max_tokens = check_prompt(ctx, prompt_ids, req.max_new_tokens, "messages")
     guided = tool_plan.guided if tool_plan else guided_for(req.response_format, req.structured_outputs)
     return EngineRequest(

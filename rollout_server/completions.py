@@ -20,15 +20,16 @@ from rollout_server.structured import guided_for
 from rollout_server.tokenizer import tokenize_off_the_loop
 
 
-async def _prompts_as_ids(ctx: ServingContext, prompt) -> list[list[int]]:
-    """A completions prompt in any of its four shapes -> one list of token ids per prompt."""
+async def _prompts_as_ids(ctx: ServingContext, prompt, add_special_tokens: bool = True) -> list[list[int]]:
+    """A completions prompt in any of its four shapes -> one list of token ids per prompt. Text prompts get
+    the tokenizer's special tokens (a BOS) unless `add_special_tokens` is off; id prompts are taken as given."""
     if isinstance(prompt, str):
         prompt = [prompt]
     elif prompt and all(isinstance(p, int) for p in prompt):
         return [list(prompt)]
     chars = sum(len(p) for p in prompt if isinstance(p, str))
-    return await tokenize_off_the_loop(
-        chars, lambda: [ctx.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt])
+    encode = ctx.tokenizer.encode_prompt if add_special_tokens else ctx.tokenizer.encode
+    return await tokenize_off_the_loop(chars, lambda: [encode(p) if isinstance(p, str) else list(p) for p in prompt])
 
 
 async def completions(ctx: ServingContext, req: CompletionRequest, session_header: str | None, who: Principal):
@@ -38,7 +39,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
     if req.echo and req.logprobs is not None:
         raise bad_request("echo together with logprobs needs prompt logprobs, which the engine does not return; "
                           "request them separately", param="echo")
-    prompts = await _prompts_as_ids(ctx, req.prompt)
+    prompts = await _prompts_as_ids(ctx, req.prompt, req.add_special_tokens)
     if req.stream and len(prompts) > 1:
         raise bad_request("streaming is supported for a single prompt only", param="prompt")
     session_id = session_id_for(session_header, req.session_id, req.user)

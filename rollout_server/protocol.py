@@ -158,6 +158,7 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     response_format: dict[str, Any] | None = None
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
+    add_special_tokens: bool = False                    # the tokenizer's (a BOS) on top of the template's, as vLLM
     echo: bool = False                                  # vLLM's chat echo: refused when set (completions echo)
 
     @field_validator("echo")
@@ -188,6 +189,7 @@ class CompletionRequest(SamplingFields):
     session_id: str | None = None
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=20)
+    add_special_tokens: bool = True                     # for text prompts: the tokenizer's own (a BOS), as vLLM
     suffix: str | None = None
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False

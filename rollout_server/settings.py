@@ -149,8 +149,8 @@ class Settings(BaseSettings):
     default_max_tokens: int | None = Field(None, description="max_tokens when a chat request sets none (None: fill the context, as vLLM)")
     session_prompt_tokens: int = Field(
         4_000_000, ge=0,
-        description="token ids of named sessions' chat prompts the front door keeps (~8 bytes per token with their "
-                    "text), so that a returning turn tokenizes only what it adds; 0: every prompt is tokenized whole")
+        description="token ids of named sessions' chat prompts the front door keeps (with their text: ~8 bytes a "
+                    "token for ASCII text, up to ~20 otherwise), so that a returning turn tokenizes only what it adds; 0: every prompt is tokenized whole")
 
     # Trace capture (nested: set with ROLLOUT_SERVE_TRACES__<FIELD>, e.g. ROLLOUT_SERVE_TRACES__ENABLED=false).
     traces: TraceSettings = Field(default_factory=TraceSettings,

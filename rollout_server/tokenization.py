@@ -20,9 +20,8 @@ async def tokenize(ctx: ServingContext, req: TokenizeRequest, session_header: st
     if req.messages is not None:
         ids = await prompt_ids_for(ctx, req, session_header or req.session_id, bool(req.add_special_tokens))
     else:
-        with_specials = req.add_special_tokens is not False
-        ids = await tokenize_off_the_loop(
-            len(req.prompt), lambda: ctx.tokenizer.hf.encode(req.prompt, add_special_tokens=with_specials))
+        encode = ctx.tokenizer.encode if req.add_special_tokens is False else ctx.tokenizer.encode_prompt
+        ids = await tokenize_off_the_loop(len(req.prompt), lambda: encode(req.prompt))
     return {"count": len(ids), "max_model_len": ctx.max_model_len, "tokens": ids,
             "token_strs": ctx.tokenizer.hf.convert_ids_to_tokens(ids) if req.return_token_strs else None}
 

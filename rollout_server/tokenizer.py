@@ -59,6 +59,10 @@ class ModelTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False)
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """A text prompt with the tokenizer's own special tokens (a BOS, for models that have one)."""
+        return self.hf.encode(text, add_special_tokens=True)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
 
@@ -74,7 +78,7 @@ class ModelTokenizer:
             **(template_kwargs or {}),
         )
         if add_special_tokens:
-            return self.hf.encode(text, add_special_tokens=True)
+            return self.encode_prompt(text)
         return self.session_prompts.encode(session_id, text)
 
     def token_bytes(self, token_id: int) -> bytes:
