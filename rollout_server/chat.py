@@ -25,6 +25,7 @@ from rollout_server.generation import (
 )
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest, TokenizeRequest
+from rollout_server.session_prompts import team_session
 from rollout_server.structured import grammar_for_structural_tag, guided_for
 from rollout_server.tokenizer import tokenize_off_the_loop
 from rollout_server.tool_calls import StreamParser, ToolCallFormat, ToolRequestError, finish_reason_for, fold_deltas
@@ -104,7 +105,7 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
 async def prompt_ids_for(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest,
                          named_session: str | None, add_special_tokens: bool = False) -> list[int]:
     """The conversation's prompt ids, rendered with the model's chat template. `named_session`: a session the
-    client named, whose next turn is likely to extend this prompt."""
+    client named (`team_session`), whose next turn is likely to extend this prompt."""
     messages = _messages(ctx, req)
     chars = sum(len(m["content"]) for m in messages) + sum(len(str(d)) for d in req.documents or ())
     try:
@@ -144,7 +145,7 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
     ctx.route(req.model, who)
     session_id = session_id_for(session_header, req.session_id, req.user)
     tool_plan = await plan_tools(ctx, req)
-    named_session = session_id if session_header or req.session_id or req.user else None
+    named_session = team_session(who.team, session_header or req.session_id or req.user)
     engine_request = await build_engine_request(ctx, req, session_id, tool_plan, named_session)
     generation = Generation(ctx, engine_request, who=who, endpoint="chat.completions",
                             request_body=req.model_dump(exclude_none=True),

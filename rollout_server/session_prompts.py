@@ -95,6 +95,12 @@ class SessionPrompts:
                 self._held_tokens -= len(dropped.ids)
 
 
+def team_session(team: str, session_id: str | None) -> str | None:
+    """What a named session's prompt is kept under: per team, so that no caller's prompt is ever tokenized
+    faster thanks to (and could so time a guess at) another team's."""
+    return f"{team}/{session_id}" if session_id else None
+
+
 def cut_markers_of(hf_tokenizer) -> list[str]:
     """The added tokens of a Hugging Face tokenizer before which its input is always split: special,
     matched on the raw text, taking no whitespace on either side, not limited to whole words."""

@@ -11,6 +11,7 @@ from rollout_server.auth import Principal
 from rollout_server.chat import prompt_ids_for
 from rollout_server.generation import ServingContext, check_in_vocabulary
 from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
+from rollout_server.session_prompts import team_session
 from rollout_server.tokenizer import tokenize_off_the_loop
 
 
@@ -18,7 +19,8 @@ async def tokenize(ctx: ServingContext, req: TokenizeRequest, session_header: st
     if req.model is not None:
         ctx.route(req.model, who)
     if req.messages is not None:
-        ids = await prompt_ids_for(ctx, req, session_header or req.session_id, bool(req.add_special_tokens))
+        named_session = team_session(who.team, session_header or req.session_id)
+        ids = await prompt_ids_for(ctx, req, named_session, bool(req.add_special_tokens))
     else:
         encode = ctx.tokenizer.encode if req.add_special_tokens is False else ctx.tokenizer.encode_prompt
         ids = await tokenize_off_the_loop(len(req.prompt), lambda: encode(req.prompt))

@@ -1,11 +1,16 @@
 """A returning session's prompt is tokenized from where its last turn ended, to exactly the ids of the whole."""
 
+import asyncio
 from functools import lru_cache
+from types import SimpleNamespace
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from rollout_server.auth import Principal
+from rollout_server.protocol import TokenizeRequest
 from rollout_server.session_prompts import SessionPrompts, cut_markers_of, session_prompts_for
+from rollout_server.tokenization import tokenize
 from rollout_server.tokenizer import ModelTokenizer
 from tests.stack_harness import CACHE_DIR
 
@@ -75,6 +80,24 @@ def test_prompts_without_a_named_session_keep_nothing():
     for messages in agent_turns(2):
         tok.render_chat(messages, TOOLS)
     assert tok.session_prompts.reused_tokens == before
+
+
+def test_a_session_id_is_kept_per_team():
+    """Team B naming team A's session gets no head start from A's prompt (nor a way to time a guess at it)."""
+    tok = tokenizer(2_000_000)  # a tokenizer of its own: counts from other tests do not interfere
+    ctx = SimpleNamespace(tokenizer=tok, max_model_len=32768, tool_format=None)  # test double: ServingContext
+    first, second = agent_turns(2)
+
+    def tokenize_as(team: str, messages: list[dict]) -> int:
+        before = tok.session_prompts.reused_tokens
+        req = TokenizeRequest(messages=messages, tools=TOOLS)
+        ids = asyncio.run(tokenize(ctx, req, "shared-id", Principal(team, None, is_admin=False)))["tokens"]
+        assert ids == tok.render_chat(messages, TOOLS)
+        return tok.session_prompts.reused_tokens - before
+
+    assert tokenize_as("a", first) == 0
+    assert tokenize_as("b", second) == 0
+    assert tokenize_as("a", second) > 0
 
 
 def test_past_its_token_budget_the_least_recent_session_is_dropped():
