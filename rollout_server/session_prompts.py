@@ -125,18 +125,30 @@ def _occurrences(text: str, marker: str) -> list[int]:
     return found
 
 
+def _probe_text(hf_tokenizer, markers: list[str]) -> str:
+    """The probe conversation in the model's chat template; for a template that refuses it (no system role,
+    say), the probe's words after each marker."""
+    try:
+        return hf_tokenizer.apply_chat_template(PROBE_CONVERSATION, tokenize=False, add_generation_prompt=True)
+    except Exception:
+        words = " ".join(message["content"] for message in PROBE_CONVERSATION)
+        return "".join(marker + words for marker in markers)
+
+
 def session_prompts_for(hf_tokenizer, encode: Callable[[str], list[int]], max_tokens: int) -> SessionPrompts:
-    """A SessionPrompts for this tokenizer; it keeps no prefixes when the pieces of a probe conversation,
-    rendered with the model's chat template, do not add up."""
+    """A SessionPrompts for this tokenizer, cutting before the special tokens its chat template writes (a
+    Llama 3 tokenizer has 256, a conversation 4: each is searched for in every prompt). It keeps no prefixes
+    when the pieces of the probe conversation do not add up."""
     if max_tokens <= 0:
         return SessionPrompts(encode, [], 0)
     markers = cut_markers_of(hf_tokenizer)
+    probe = _probe_text(hf_tokenizer, markers)
+    markers = [marker for marker in markers if marker in probe]
     if not markers:
-        log.warning("returning session turns are tokenized whole: this tokenizer has no special token to cut at")
-    elif getattr(hf_tokenizer, "chat_template", None):
-        probe = hf_tokenizer.apply_chat_template(PROBE_CONVERSATION, tokenize=False, add_generation_prompt=True)
-        if not pieces_add_up(encode, probe, markers):
-            log.warning("returning session turns are tokenized whole: cut before %s, this tokenizer's pieces "
-                        "do not add up to the whole", markers)
-            markers = []
+        log.warning("returning session turns are tokenized whole: the chat template writes no special token to "
+                    "cut before")
+    elif not pieces_add_up(encode, probe, markers):
+        log.warning("returning session turns are tokenized whole: cut before %s, this tokenizer's pieces do not "
+                    "add up to the whole", markers)
+        markers = []
     return SessionPrompts(encode, markers, max_tokens)

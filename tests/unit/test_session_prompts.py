@@ -1,6 +1,7 @@
 """A returning session's prompt is tokenized from where its last turn ended, to exactly the ids of the whole."""
 
 import asyncio
+import copy
 from functools import lru_cache
 from types import SimpleNamespace
 
@@ -125,6 +126,17 @@ def test_a_tokenizer_whose_pieces_do_not_add_up_keeps_no_prefixes():
 def test_cuts_are_made_before_chatml_markers_only():
     markers = cut_markers_of(tokenizer().hf)
     assert "<|im_start|>" in markers and "</parameter>" not in markers
+    # Of those, only the ones the chat template writes are searched for in every prompt.
+    assert "<|endoftext|>" in markers
+    assert tokenizer().session_prompts._markers == ["<|im_start|>", "<|im_end|>"]
+
+
+def test_a_template_that_refuses_the_probe_conversation_is_probed_with_its_markers():
+    hf = copy.deepcopy(tokenizer().hf)
+    hf.chat_template = ("{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system role') }}"
+                        "{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    prompts = session_prompts_for(hf, lambda text: hf.encode(text, add_special_tokens=False), 1_000_000)
+    assert prompts.enabled
 
 
 FRAGMENTS = ["<|im_start|>", "<|im_end|>", "user\n", "assistant\n", " ", "  ", "\n", "\n\n", "\t", "a", "ab", "é", "👋",
