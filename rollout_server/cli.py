@@ -63,7 +63,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     from engine.pool_config import PoolFileError, load_pools
     from engine.pools import PoolSet
     from engine.ports import is_free
-    from engine.stack import Stack, StackStartError
+    from engine import cpu_placement
+    from engine.stack import Stack, StackStartError, has_cuda
     from rollout_server.tiny_model import resolve_model
 
     settings = settings_from_args(args)
@@ -78,6 +79,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     model_dir, model_name = resolve_model(settings)
     stack = Stack(settings, model_dir, model_name)
     pools = PoolSet.build(settings, stack, declared)
+    if not has_cuda():
+        cpu_placement.keep_host_processes_off(pools.engine_cores())
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during start-up stops like Ctrl-C: children first
     try:
         stack.start(wait=False)

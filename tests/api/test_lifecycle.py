@@ -23,6 +23,22 @@ def _alive(pid: int) -> bool:
         return stat.read().split(") ", 1)[1][0] != "Z"
 
 
+def _comm(pid: int) -> str:
+    with open(f"/proc/{pid}/comm") as f:
+        return f.read().strip()
+
+
+def _check_cpu_placement(stack, worker_group: int) -> None:
+    """engine/cpu_placement.py: the model runs inside vLLM's engine core, pinned to the worker's core (0);
+    the front door and Dynamo's processes run on the other cores."""
+    engine = [pid for pid in stack.child_pids() if os.getpgid(pid) == worker_group and _comm(pid).startswith("VLLM::")]
+    assert [_comm(pid) for pid in engine] == ["VLLM::EngineCor"], "one engine process, no separate model runner"
+    assert os.sched_getaffinity(engine[0]) == {0}
+    others = set(range(1, os.cpu_count() or 1)) or {0}
+    for pid in [stack.process.pid] + [pid for pid in stack.child_pids() if pid != engine[0]]:
+        assert os.sched_getaffinity(pid) == others, (pid, _comm(pid))
+
+
 def test_dead_worker_gives_503_then_sigterm_stops_everything(tmp_path):
     stack = start_stack(tmp_path, workers=1)
     try:
@@ -37,6 +53,7 @@ def test_dead_worker_gives_503_then_sigterm_stops_everything(tmp_path):
         processes = stack.child_pids()
         assert len(processes) >= 3  # frontend, worker, vLLM engine core
         worker_pid = stack.status()["workers"][0]["pid"]
+        _check_cpu_placement(stack, worker_pid)
         os.killpg(worker_pid, signal.SIGKILL)
 
         started = time.monotonic()

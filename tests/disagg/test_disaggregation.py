@@ -15,7 +15,7 @@ import msgspec
 import pytest
 import zmq
 
-from engine.disaggregation import worker_cores
+from engine.disaggregation import model_runner_process, worker_cores
 from rollout_server.settings import Settings
 from tests.disagg.conftest import (
     BLOCK_SIZE,
@@ -94,26 +94,10 @@ def test_each_nixl_worker_computes_on_its_own_core(disagg_stack):
     if (os.cpu_count() or 1) >= 2:
         assert not prefill_cores & decode_cores, cores
     for row in rows:
-        runners = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc")))
-                   if _pgid(pid) == row["pid"] and _read(f"/proc/{pid}/comm") == "VLLM::Worker"]
-        assert len(runners) == 1, row
-        threads = [int(t) for t in os.listdir(f"/proc/{runners[0]}/task")]
+        runner = model_runner_process(row["pid"])
+        assert runner is not None, row
+        threads = [int(t) for t in os.listdir(f"/proc/{runner}/task")]
         assert {tid: os.sched_getaffinity(tid) for tid in threads} == {tid: {cores[row["worker"]]} for tid in threads}
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path) as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def _stored_block_batches(kv_events_port: int, send) -> list[int]:

