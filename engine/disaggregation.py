@@ -139,7 +139,7 @@ def _comm(pid: int, tid: int | None = None) -> str:
 
 def model_runner_process(pgid: int) -> int | None:
     """The process of a worker's group that runs its model: vLLM's runner process ("VLLM::Worker") when
-    the engine has one, else the engine core itself (engine/cpu_engine_process.py)."""
+    the engine has one, else the engine core itself (engine/cpu_placement.py)."""
     by_comm = {_comm(pid): pid for pid in _processes_in_group(pgid)}
     return by_comm.get("VLLM::Worker") or by_comm.get("VLLM::EngineCore"[:15])  # Linux keeps 15 characters
 
