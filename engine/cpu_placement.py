@@ -26,20 +26,13 @@ log = logging.getLogger(__name__)
 _vllm_run_engine_core = None  # vLLM's own, wrapped by _run_pinned_engine_core
 
 
-def pinned_cores(omp_threads_bind: str) -> set[int]:
-    """The cores of one worker's VLLM_CPU_OMP_THREADS_BIND value ("1", "0-3", "0,2")."""
-    cores: set[int] = set()
-    for part in omp_threads_bind.split(","):
-        first, _, last = part.partition("-")
-        cores.update(range(int(first), int(last or first) + 1))
-    return cores
-
-
 def _run_pinned_engine_core(*args, **kwargs):
     # At module level: a spawned engine core receives its target pickled, by name.
+    from vllm.utils.cpu_resource_utils import parse_id_list  # "0", "0-3", "0,2"
+
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
     if bind and bind not in ("auto", "nobind"):
-        os.sched_setaffinity(0, pinned_cores(bind))
+        os.sched_setaffinity(0, parse_id_list(bind))
     return _vllm_run_engine_core(*args, **kwargs)
 
 

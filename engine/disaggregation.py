@@ -137,28 +137,28 @@ def _comm(pid: int, tid: int | None = None) -> str:
         return ""
 
 
-def model_runner_process(pgid: int) -> int | None:
-    """The process of a worker's group that runs its model: vLLM's runner process ("VLLM::Worker") when
-    the engine has one, else the engine core itself (engine/cpu_placement.py)."""
-    by_comm = {_comm(pid): pid for pid in _processes_in_group(pgid)}
-    return by_comm.get("VLLM::Worker") or by_comm.get("VLLM::EngineCore"[:15])  # Linux keeps 15 characters
+def engine_core_process(pgid: int) -> int | None:
+    """The process of a worker's group that runs its model on CPU: vLLM's engine core
+    (engine/cpu_placement.py)."""
+    return next((pid for pid in _processes_in_group(pgid)
+                 if _comm(pid) == "VLLM::EngineCore"[:15]), None)  # Linux keeps 15 characters of a name
 
 
 def settle_nixl_worker_threads(pgid: int, core: int) -> int:
-    """Puts a NIXL worker's model runner back on its own core.
+    """Puts a NIXL worker's engine back on its own core.
 
-    On CPU, vLLM's NixlConnector moves the runner's main thread to the last core of the NUMA node
+    On CPU, vLLM's NixlConnector moves the model runner's main thread to the last core of the NUMA node
     (reserved for KV loads), so on a small machine every worker computes on that one core. Here
-    every thread of the worker's model runner process is pinned to `core`, at the same priority:
-    UCX's progress thread busy-polls, but lowering it below the runner starves transfers, because
-    the runner itself spins while it waits for one (a 0.1 MB read took 203 s).
+    every thread of the worker's engine core is pinned to `core`, at the same priority: UCX's
+    progress thread busy-polls, but lowering it below the engine starves transfers, because the
+    engine itself spins while it waits for one (a 0.1 MB read took 203 s).
     Returns the number of threads moved.
     """
-    runner = model_runner_process(pgid)
-    if runner is None:
+    engine = engine_core_process(pgid)
+    if engine is None:
         return 0
     moved = 0
-    for tid in map(int, os.listdir(f"/proc/{runner}/task")):
+    for tid in map(int, os.listdir(f"/proc/{engine}/task")):
         try:
             os.sched_setaffinity(tid, {core})
             moved += 1

@@ -60,10 +60,10 @@ def _interrupt(signum, frame):
 
 
 def cmd_up(args: argparse.Namespace) -> int:
+    from engine import cpu_placement
     from engine.pool_config import PoolFileError, load_pools
     from engine.pools import PoolSet
     from engine.ports import is_free
-    from engine import cpu_placement
     from engine.stack import Stack, StackStartError, has_cuda
     from rollout_server.tiny_model import resolve_model
 

@@ -15,7 +15,7 @@ import msgspec
 import pytest
 import zmq
 
-from engine.disaggregation import model_runner_process, worker_cores
+from engine.disaggregation import engine_core_process, worker_cores
 from rollout_server.settings import Settings
 from tests.disagg.conftest import (
     BLOCK_SIZE,
@@ -94,9 +94,9 @@ def test_each_nixl_worker_computes_on_its_own_core(disagg_stack):
     if (os.cpu_count() or 1) >= 2:
         assert not prefill_cores & decode_cores, cores
     for row in rows:
-        runner = model_runner_process(row["pid"])
-        assert runner is not None, row
-        threads = [int(t) for t in os.listdir(f"/proc/{runner}/task")]
+        engine = engine_core_process(row["pid"])
+        assert engine is not None, row
+        threads = [int(t) for t in os.listdir(f"/proc/{engine}/task")]
         assert {tid: os.sched_getaffinity(tid) for tid in threads} == {tid: {cores[row["worker"]]} for tid in threads}
 
 
