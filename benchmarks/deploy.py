@@ -170,7 +170,7 @@ def main() -> None:
     parser.add_argument("--gap-s", type=float, default=3.0, help="pause between deploys")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="deploy-bench-") as tmp:
-        stack = start_stack(Path(tmp) / "stack", workers=2)
+        stack = start_stack(Path(tmp) / "stack", workers=2, extra_args=["--enable-lora"])  # LoRA deploys below
         try:
             results = asyncio.run(run(stack.url, Path(tmp), args))
         finally:

@@ -11,7 +11,7 @@
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
 
-Run: .venv/bin/python benchmarks/frontdoor.py   (about 10 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/frontdoor.py   (about 15 minutes on 2 cores)
 Writes benchmarks/results/frontdoor.json.
 """
 
@@ -39,6 +39,7 @@ from tests.stack_harness import CACHE_DIR, free_port_block, start_stack, wait_un
 
 RESULTS = Path(__file__).parent / "results" / "frontdoor.json"
 MODEL = "tiny-qwen2"
+SETTLE_S = 2.0
 
 
 # ---- load ---------------------------------------------------------------------------------
@@ -138,6 +139,17 @@ def host_processes(stack, with_front_door: bool) -> list[int]:
     return pids
 
 
+def engine_processes(pids: list[int]) -> list[int]:
+    """vLLM's engine processes (engine core; model runner where it has its own) among `pids` and their
+    descendants."""
+    out = subprocess.run(["ps", "-eo", "pid=,ppid=,comm="], capture_output=True, text=True).stdout
+    rows = [(int(pid), int(ppid), comm) for pid, ppid, comm in (line.split(None, 2) for line in out.splitlines())]
+    tree = set(pids)
+    while grown := {pid for pid, ppid, _ in rows if ppid in tree} - tree:
+        tree |= grown
+    return [pid for pid, _, comm in rows if pid in tree and comm.startswith("VLLM::")]
+
+
 def stop_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -208,6 +220,10 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
     # CPU spent outside vLLM's engine per completion token: less noisy than throughput on a shared machine.
     host = {"direct": [vllm.pid], "vllm_defaults": [vllm_defaults.pid], "dynamo": host_processes(stack, False),
             "front": host_processes(stack, True)}
+    # ... and in the engine (its scheduler and model): the same engine code behind every target
+    engine = {"direct": engine_processes([vllm.pid]), "vllm_defaults": engine_processes([vllm_defaults.pid]),
+              "dynamo": engine_processes(stack.child_pids())}
+    engine["front"] = engine["dynamo"]
     figures = {}
     every_core = os.sched_getaffinity(0)
     # The load generator stays off the engine's core (0), as clients on other machines would.
@@ -218,12 +234,19 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
             print(f"== 1. overhead, {kind}: plain vLLM vs Dynamo vs rollout-serve (1 worker), same load, {rounds} "
                   "interleaved rounds (medians)", flush=True)
             runs: dict[str, list[dict]] = {name: [] for name in targets}
+            for url in targets.values():  # a first full load is slow on every server (new batch shapes): not counted
+                asyncio.run(run_load(url, MODEL, **load, stream=stream))
             for round_ in range(rounds):  # all servers stay up; the order rotates to cancel drift
                 shift = round_ % len(targets)
                 for name in list(targets)[shift:] + list(targets)[:shift]:
-                    before = cpu_seconds(host[name])
+                    before, engine_before = cpu_seconds(host[name]), cpu_seconds(engine[name])
                     run = asyncio.run(run_load(targets[name], MODEL, **load, stream=stream))
                     run["host_cpu_ms_per_token"] = 1000 * (cpu_seconds(host[name]) - before) / max(1, run["tokens"])
+                    run["engine_cpu_ms_per_token"] = (1000 * (cpu_seconds(engine[name]) - engine_before)
+                                                      / max(1, run["tokens"]))
+                    # vLLM with its CPU defaults keeps spinning for up to 1 s after its last request (see below):
+                    # every server is idle before the next one is loaded
+                    time.sleep(SETTLE_S)
                     runs[name].append(run)
             suffix = ("_streamed" if interval == 1 else f"_streamed_interval_{interval}") if stream else "_unstreamed"
             figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs).items()})
@@ -242,8 +265,8 @@ def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
                               ("front door", front)):
         each = " ".join(f"{r['throughput_tok_s']:.0f}" for r in target_runs)
         print(f"   {name:18s} {median(target_runs, 'throughput_tok_s'):8.1f} tok/s   p50 {median(target_runs, 'p50_s'):.3f}s"
-              f"   p90 {median(target_runs, 'p90_s'):.3f}s   host CPU {median(target_runs, 'host_cpu_ms_per_token'):.3f} "
-              f"ms/token   (runs: {each})", flush=True)
+              f"   p90 {median(target_runs, 'p90_s'):.3f}s   CPU host {median(target_runs, 'host_cpu_ms_per_token'):.3f} "
+              f"engine {median(target_runs, 'engine_cpu_ms_per_token'):.3f} ms/token   (runs: {each})", flush=True)
     ratio = median(front, "throughput_tok_s") / median(direct, "throughput_tok_s")
     over_defaults = median(front, "throughput_tok_s") / median(defaults, "throughput_tok_s")
     print(f"   throughput ratio front door / direct = {ratio:.3f}   (/ vLLM with its CPU defaults = {over_defaults:.3f})",
@@ -262,6 +285,9 @@ def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
         "direct_host_cpu_ms_per_token": median(direct, "host_cpu_ms_per_token"),
         "dynamo_host_cpu_ms_per_token": median(dynamo, "host_cpu_ms_per_token"),
         "frontdoor_host_cpu_ms_per_token": median(front, "host_cpu_ms_per_token"),
+        "direct_engine_cpu_ms_per_token": median(direct, "engine_cpu_ms_per_token"),
+        "frontdoor_engine_cpu_ms_per_token": median(front, "engine_cpu_ms_per_token"),
+        "engine_cpu_ratio": median(front, "engine_cpu_ms_per_token") / median(direct, "engine_cpu_ms_per_token"),
     }
 
 

@@ -11,7 +11,8 @@ Dynamo's worker and frontend and the front door) only runs when a spinner yields
   hand: the worker's OMP_NUM_THREADS, and the engine process pinned to the worker's cores
   (VLLM_CPU_OMP_THREADS_BIND) before the model loads;
 - every other process (front door, Dynamo's frontend and worker processes, the KV tier) runs on the
-  cores no engine is pinned to, when there are such cores.
+  cores no engine is pinned to, when there are such cores; else, disaggregated, on the prefill engines'
+  cores, so that host work never stretches a decode step.
 
 docs/benchmarks.md ("Front door") has what this changed.
 """
@@ -58,15 +59,19 @@ def run_model_runner_in_engine_core() -> None:
     core.EngineCoreProc.run_engine_core = staticmethod(_run_pinned_engine_core)
 
 
-def host_cores(engine_cores: set[int], cores: int) -> set[int]:
-    """The cores for everything that is not an engine: those no engine is pinned to, else all."""
-    return set(range(cores)) - engine_cores or set(range(cores))
+def host_cores(engine_cores: set[int], cores: int, decode_cores: set[int] = frozenset()) -> set[int]:
+    """The cores for everything that is not an engine: those no engine is pinned to; else, when serving
+    disaggregated with an engine on every core, those no decode engine is pinned to (host work then waits
+    behind prefill, batch work, instead of stretching the decode steps users wait on token by token);
+    else all."""
+    every = set(range(cores))
+    return every - engine_cores or every - decode_cores or every
 
 
-def keep_host_processes_off(engine_cores: set[int]) -> None:
-    """Pins this process, and so every process it starts from now on, to the cores no engine uses.
+def keep_host_processes_off(engine_cores: set[int], decode_cores: set[int] = frozenset()) -> None:
+    """Pins this process, and so every process it starts from now on, to the cores `host_cores` picks.
     Engine cores pin themselves to their own cores (above)."""
-    cores = host_cores(engine_cores, os.cpu_count() or 1)
+    cores = host_cores(engine_cores, os.cpu_count() or 1, decode_cores)
     os.sched_setaffinity(0, cores)
     log.info("front door, Dynamo and KV tier processes on core(s) %s; vLLM engines on %s",
              _core_list(cores), _core_list(engine_cores))

@@ -161,9 +161,10 @@ class PoolSet:
             log.info("pool %s (%s%s): %d deployment(s), %d worker(s)", pool.name, pool.config.kind,
                      f", team {pool.config.team}" if pool.config.team else "", len(pool.deployments), pool.workers())
 
-    def engine_cores(self) -> set[int]:
-        """The cores the workers of every deployment are pinned to now."""
-        return {int(w.cpu) for p in self.pools.values() for d in p.deployments for w in d.stack.workers}
+    def engine_cores(self, role: str | None = None) -> set[int]:
+        """The cores the workers of every deployment (only those in `role`, if given) are pinned to now."""
+        return {int(w.cpu) for p in self.pools.values() for d in p.deployments for w in d.stack.workers
+                if role in (None, w.role)}
 
     def _declared_stacks(self) -> list[Stack]:
         return [d.stack for p in self.declared() for d in p.deployments]

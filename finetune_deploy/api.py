@@ -23,7 +23,7 @@ from finetune_deploy.api_models import (
     checkpoint_api_error, parse_request,
 )
 from finetune_deploy.checkpoint_files import CheckpointError
-from finetune_deploy.executor import DeployBusy, Deployer, DeployError, DeployProgress
+from finetune_deploy.executor import DeployBusy, Deployer, DeployError, DeployProgress, LoraDisabled
 from finetune_deploy.registry import PolicyVersion, RegistryError
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
@@ -148,6 +148,8 @@ def _register(deployer: Deployer, update: WeightUpdate, param: str) -> PolicyVer
         return deployer.register(update)
     except CheckpointError as exc:
         raise checkpoint_api_error(exc, param=param) from None
+    except LoraDisabled as exc:
+        raise bad_request(str(exc), param=param, code="lora_not_enabled") from None
     except RegistryError as exc:
         raise bad_request(str(exc), param="version" if update.version is not None else param,
                           code="invalid_version") from None

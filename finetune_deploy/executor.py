@@ -43,6 +43,10 @@ class DeployBusy(RuntimeError):
     """Another deploy of the same pool is running."""
 
 
+class LoraDisabled(RuntimeError):
+    """A LoRA adapter for workers started without LoRA support (settings.enable_lora)."""
+
+
 @dataclass
 class DeployProgress:
     """A deploy as the API and the CLI report it."""
@@ -70,8 +74,9 @@ TierReset = Callable[[WorkerHandle, int], Awaitable[None]]  # a worker's host-ti
 
 class Deployer:
     def __init__(self, registry: CheckpointRegistry, models: ModelTable, list_workers: WorkerLister,
-                 settings: DeploySettings, reset_host_tier: TierReset | None = None):
+                 settings: DeploySettings, reset_host_tier: TierReset | None = None, lora_enabled: bool = False):
         self.registry = registry
+        self.lora_enabled = lora_enabled  # the workers started with --enable-lora
         self.models = models
         self.list_workers = list_workers
         self.settings = settings
@@ -94,7 +99,12 @@ class Deployer:
     # ---- what the API asks for ---------------------------------------------------------------
 
     def register(self, update: WeightUpdate) -> PolicyVersion:
-        """Validates and numbers a checkpoint (CheckpointError / RegistryError when refused); touches no worker."""
+        """Validates and numbers a checkpoint (CheckpointError / RegistryError / LoraDisabled when refused);
+        touches no worker."""
+        if update.kind == "lora" and not self.lora_enabled:
+            raise LoraDisabled(f"the workers of pool {self.pool!r} run without LoRA support, so they cannot load "
+                               "an adapter: start them with `rollout-serve up --enable-lora` (or "
+                               "ROLLOUT_SERVE_ENABLE_LORA=true), or deploy the adapter merged into full weights")
         return self.registry.register(self.pool, update.path, name=update.name, kind=update.kind,
                                       version=update.version)
 
@@ -152,7 +162,7 @@ class Deployer:
         if current is not None and current.version != self.models.base.policy_version:
             log.info("pool %s: restoring version %d (%s)", self.pool, current.version, current.path)
             await self._apply_everywhere(current)
-        for adapter in self.registry.serving_adapters(self.pool):
+        for adapter in self._serving_adapters():
             log.info("pool %s: reloading adapter %s version %d", self.pool, adapter.name, adapter.version)
             workers = await self.list_workers()
             await self._load_adapter(adapter, workers, self._start(adapter, "restore", "every_worker", len(workers)))
@@ -160,11 +170,20 @@ class Deployer:
     async def load_serving_adapters(self, workers: list[WorkerHandle]) -> None:
         """Gives workers started after the deploys (restarted or scaled up: they start on the served weights,
         engine/pools.py) the adapters served beside those weights."""
-        for adapter in self.registry.serving_adapters(self.pool):
+        for adapter in self._serving_adapters():
             for worker in workers:
                 await WorkerControl(worker).load_lora(adapter.name, Path(adapter.path))
             log.info("pool %s: adapter %s version %d loaded on %s", self.pool, adapter.name, adapter.version,
                      ", ".join(w.name for w in workers))
+
+    def _serving_adapters(self) -> list[PolicyVersion]:
+        adapters = self.registry.serving_adapters(self.pool)
+        if adapters and not self.lora_enabled:
+            log.warning("pool %s: adapters %s are registered as serving, but the workers run without LoRA "
+                        "support (start them with --enable-lora to serve them)", self.pool,
+                        ", ".join(a.name for a in adapters))
+            return []
+        return adapters
 
     # ---- full weights --------------------------------------------------------------------------
 

@@ -80,7 +80,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     stack = Stack(settings, model_dir, model_name)
     pools = PoolSet.build(settings, stack, declared)
     if not has_cuda():
-        cpu_placement.keep_host_processes_off(pools.engine_cores())
+        cpu_placement.keep_host_processes_off(pools.engine_cores(), pools.engine_cores(role="decode"))
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during start-up stops like Ctrl-C: children first
     try:
         stack.start(wait=False)

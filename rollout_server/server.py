@@ -84,7 +84,7 @@ def deployer_for(settings: Settings, database, model_dir: Path, model_name: str,
         await asyncio.to_thread(stack.set_kv_tier_policy_version, version, [worker.index])
 
     reset_host_tier = key_host_tier_by if settings.kv_tier.enabled else None
-    return Deployer(registry, models, list_workers, settings.deploy, reset_host_tier)
+    return Deployer(registry, models, list_workers, settings.deploy, reset_host_tier, settings.enable_lora)
 
 
 def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack, pools: PoolSet) -> AppState:

@@ -132,7 +132,9 @@ class Settings(BaseSettings):
                                                                 "(unhealthy: out of rotation)")
     restart_dead_workers: bool = Field(True, description="start again a worker or frontend process that died "
                                                          "(not for disaggregated workers)")
-    enable_lora: bool = Field(True, description="let workers load LoRA adapters at run time (rollout-serve deploy --as lora)")
+    enable_lora: bool = Field(
+        False, description="let workers load LoRA adapters at run time (rollout-serve deploy --as lora). Off by "
+                           "default, as in vLLM: LoRA layers cost every engine step even with no adapter loaded")
     max_lora_rank: int = Field(64, ge=1, description="largest LoRA rank a worker accepts")
     max_loras: int = Field(4, ge=1, description="LoRA adapters a worker keeps loaded at once")
 

@@ -17,7 +17,7 @@ from rollout_server.generation import ServingContext
 from rollout_server.metrics import Metrics
 from rollout_server.served_models import ModelTable
 from rollout_server.settings import Settings
-from tests.deploy.checkpoint_factory import copy_checkpoint
+from tests.deploy.checkpoint_factory import copy_checkpoint, write_lora_adapter
 
 
 async def no_workers_double():
@@ -74,3 +74,18 @@ def test_requests_are_validated_naming_the_field(app_and_keys, tmp_path, finetun
     assert app.get("/v1/admin/deployments/7", headers=admin).status_code == 404
     listed = app.get("/v1/admin/deployments", headers=admin).json()
     assert [(v["version"], v["status"]) for v in listed["data"]] == [(0, "serving")]
+
+
+def test_a_lora_adapter_for_workers_without_lora_is_refused_naming_the_flag(app_and_keys, tmp_path, base_dir):
+    app, admin, _ = app_and_keys  # its deployer's workers started without --enable-lora (the default)
+    adapter = str(write_lora_adapter(tmp_path / "coder-lora", base_dir))
+    deploy = app.post("/v1/admin/deployments", json={"path": adapter}, headers=admin)
+    rl = app.post("/v1/rl/update_weights", headers=admin, json={
+        "version": 1, "target": {"kind": "lora", "op": "load", "name": "coder"},
+        "transport": {"filesystem": {"path": adapter}}})
+    for answer, param in ((deploy, "path"), (rl, "transport.filesystem.path")):
+        error = answer.json()["error"]
+        assert (answer.status_code, error["code"], error["param"]) == (400, "lora_not_enabled", param)
+        assert "--enable-lora" in error["message"]
+    listed = app.get("/v1/admin/deployments", headers=admin).json()
+    assert [v["version"] for v in listed["data"]] == [0]  # nothing was registered

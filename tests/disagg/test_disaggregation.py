@@ -15,6 +15,7 @@ import msgspec
 import pytest
 import zmq
 
+from engine.cpu_placement import host_cores
 from engine.disaggregation import engine_core_process, worker_cores
 from rollout_server.settings import Settings
 from tests.disagg.conftest import (
@@ -98,6 +99,12 @@ def test_each_nixl_worker_computes_on_its_own_core(disagg_stack):
         assert engine is not None, row
         threads = [int(t) for t in os.listdir(f"/proc/{engine}/task")]
         assert {tid: os.sched_getaffinity(tid) for tid in threads} == {tid: {cores[row["worker"]]} for tid in threads}
+    # The front door and the processes it started (Dynamo's frontend and worker processes) stay off the
+    # decode engines' cores when every core has an engine.
+    host = host_cores(set(cores), os.cpu_count() or 1, decode_cores)
+    front_door = disagg_stack.running.process.pid
+    assert os.sched_getaffinity(front_door) == host
+    assert all(os.sched_getaffinity(row["pid"]) == host for row in rows)
 
 
 def _stored_block_batches(kv_events_port: int, send) -> list[int]:
