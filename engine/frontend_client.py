@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
@@ -195,6 +196,7 @@ class DynamoFrontendClient:
         body = msgspec.json.encode(self._body(req))
         try:
             async with self._http().post("/v1/completions", data=body, headers=headers) as resp:
+                _acknowledge_promptly(resp)
                 if resp.status != 200:
                     raw = await resp.read()
                     error = engine_error(resp.status, _json_or_message(raw), req)
@@ -208,6 +210,22 @@ class DynamoFrontendClient:
             raise APIError(504, f"the engine did not answer within the request timeout ({exc.__class__.__name__})") from exc
         except aiohttp.ClientError as exc:
             raise unavailable(f"the engine connection failed ({exc.__class__.__name__}); retry shortly") from exc
+
+
+def _acknowledge_promptly(resp: aiohttp.ClientResponse) -> None:
+    """Acknowledge the response's segments as they arrive, not up to 40 ms later.
+
+    Dynamo's frontend (Rust, hyper) leaves Nagle's algorithm on, so it holds its next small write (the first
+    token's event, right after the headers) until the client acknowledges the previous one. Linux delays that
+    acknowledgement on a keep-alive connection that looks like request/response, hoping to piggyback it on the
+    next request: every streamed request waited ~20 ms for its first token. TCP_QUICKACK sends the pending
+    acknowledgement now and leaves that mode for the rest of the response (a 1-token request through the
+    front door on an idle stack: 52 -> 28-32 ms).
+    """
+    transport = resp.connection.transport if resp.connection else None
+    sock = transport.get_extra_info("socket") if transport else None
+    if sock is not None and hasattr(socket, "TCP_QUICKACK"):  # Linux only
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
 
 def _json_or_message(raw: bytes) -> dict:
