@@ -262,8 +262,8 @@ class PoolSet:
             if was_healthy:
                 log.warning("deployment %s lost a process: drained, out of rotation", deployment.name)
             self._follow_served_weights(stack)
-            deployment.fresh_workers |= set(stack.dead_worker_indices())
-            await asyncio.to_thread(stack.restart_dead)
+            # What restart_dead restarted, not what was dead a moment before: another worker may die meanwhile
+            deployment.fresh_workers |= set(await asyncio.to_thread(stack.restart_dead))
             return
         ready = await self._ready_workers(deployment)
         if not ready and was_healthy and stack.all_alive() and deployment.failed_checks < MISSED_CHECKS_TOLERATED:

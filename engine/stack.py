@@ -284,9 +284,9 @@ class Stack:
         stop_all([child])
         self.children.remove(child)
 
-    def restart_dead(self) -> list[str]:
+    def restart_dead(self) -> list[int]:
         """Starts again every process of this deployment that exited (a worker with `model_dir`, which the
-        pool sets to the weights it serves now); returns their names."""
+        pool sets to the weights it serves now); returns the indices of the workers among them."""
         restarted = []
         for i, child in enumerate(self.children):
             if child.popen is None or child.alive():
@@ -301,7 +301,7 @@ class Stack:
                 self.frontend = fresh
             if worker:
                 self.worker_children[worker.index] = fresh
-            restarted.append(child.spec.name)
+                restarted.append(worker.index)
         return restarted
 
     def crashed_worker(self) -> str | None:
@@ -338,9 +338,6 @@ class Stack:
             return []
         return [w.index for w in self.workers if self.worker_children[w.index].alive()
                 and worker_health(w.system_port).get("status") == "ready"]
-
-    def dead_worker_indices(self) -> list[int]:
-        return [w.index for w in self.workers if not self.worker_children[w.index].alive()]
 
     def wait_until_healthy(self) -> None:
         deadline = time.monotonic() + self.settings.startup_timeout_s

@@ -141,7 +141,13 @@ class Deployer:
                                       steps_total=len(workers))
             self.history.append(progress)
             for worker in workers:
-                await WorkerControl(worker).unload_lora(name)
+                try:
+                    await WorkerControl(worker).unload_lora(name)
+                except WorkerControlError as exc:
+                    # Most often a worker restarted without it. Either way the adapter leaves the model table
+                    # below, so no request reaches it on any worker: unloading goes on.
+                    log.warning("%s: adapter %s not unloaded (%s); retiring it all the same", worker.name, name, exc)
+                    progress.error = str(exc)
                 progress.steps_done += 1
             self.models.adapter_unloaded(name)
             self.registry.unload_adapter(self.pool, name)

@@ -104,14 +104,11 @@ class StackDouble:
     def all_alive(self) -> bool:
         return not self.dead
 
-    def restart_dead(self) -> list[str]:
+    def restart_dead(self) -> list[int]:
         time.sleep(self.restart_s)
         self.restarts += 1
         self.dead = False
-        return ["worker-0"]
-
-    def dead_worker_indices(self) -> list[int]:
-        return [0] if self.dead else []
+        return [0]
 
     def ready_worker_indices(self) -> list[int]:
         return [] if self.dead else [0]
@@ -121,6 +118,20 @@ class StackDouble:
 
     def worker_handles(self) -> list[WorkerHandle]:
         return [WorkerHandle(0, 18080)]
+
+
+class StackLosingASecondWorkerDuringTheRestart(StackDouble):
+    """Worker 0 is found dead; worker 1 dies while the supervisor restarts worker 0, so it is restarted too."""
+
+    def restart_dead(self) -> list[int]:
+        super().restart_dead()
+        return [0, 1]
+
+    def ready_worker_indices(self) -> list[int]:
+        return [] if self.dead else [0, 1]
+
+    def worker_handles(self) -> list[WorkerHandle]:
+        return [WorkerHandle(0, 18080), WorkerHandle(1, 18081)]
 
 
 def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1, connector=None, stack=None) -> Deployment:
@@ -362,3 +373,21 @@ def test_a_cold_start_whose_worker_crashes_fails_at_once_naming_it():
         run(pool)
     assert time.monotonic() - started < 5, "it waited for the cold-start timeout"
     assert crashed.value.status == 503 and "exit code 1" in crashed.value.message and pool.waiting == 0
+
+
+def test_every_restarted_worker_loads_the_served_adapters_also_one_that_died_during_the_restart():
+    crashed = StackLosingASecondWorkerDuringTheRestart(dead=True)
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", FakeDynamoFrontend(), stack=crashed)])
+    loads: list[list[int]] = []
+
+    async def load_adapters(workers: list[WorkerHandle]) -> None:
+        loads.append([w.index for w in workers])
+
+    async def checks() -> None:
+        pools = PoolSet(Settings(), [pool])
+        pools.prepare_workers = load_adapters
+        for _ in range(2):  # the restart; the check that finds both workers ready
+            await pools.check_once()
+
+    asyncio.run(checks())
+    assert loads == [[0, 1]] and pool.deployments[0].fresh_workers == set()
