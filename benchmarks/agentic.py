@@ -172,10 +172,13 @@ def summarize(turns: list[Turn]) -> dict:
     gaps = [g for t in ok for g in t.gaps]
     # ITL as aiperf / genai-perf define it: per request, (last token - first token) / (tokens - 1); then
     # percentiles over requests. A prefill that stalls a decoding request shows up in that request's ITL.
-    itls = [statistics.mean(t.gaps) for t in ok if t.gaps]
+    itl = lambda turns: [statistics.mean(t.gaps) for t in turns if t.gaps]  # noqa: E731
+    itls = itl(ok)
     return {
         "turns": len(ok), "errors": len(turns) - len(ok), "cold_turns": len(cold),
         "p50_itl_s": percentile(itls, 0.5), "p90_itl_s": percentile(itls, 0.9), "p99_itl_s": percentile(itls, 0.99),
+        # which requests the tail is made of: the warm sessions' returning turns or the cold sessions
+        "returning_p90_itl_s": percentile(itl(returning), 0.9), "cold_p90_itl_s": percentile(itl(cold), 0.9),
         "p50_token_gap_s": percentile(gaps, 0.5), "p90_token_gap_s": percentile(gaps, 0.9),
         "max_token_gap_s": max(gaps, default=float("nan")),
         "p50_ttft_s": percentile([t.ttft for t in ok], 0.5), "p90_ttft_s": percentile([t.ttft for t in ok], 0.9),
