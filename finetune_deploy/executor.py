@@ -140,15 +140,10 @@ class Deployer:
             progress = DeployProgress(self.pool, adapter.version, "lora", name, "unload", "every_worker",
                                       steps_total=len(workers))
             self.history.append(progress)
-            for worker in workers:
-                try:
-                    await WorkerControl(worker).unload_lora(name)
-                except WorkerControlError as exc:
-                    # Most often a worker restarted without it. Either way the adapter leaves the model table
-                    # below, so no request reaches it on any worker: unloading goes on.
-                    log.warning("%s: adapter %s not unloaded (%s); retiring it all the same", worker.name, name, exc)
-                    progress.error = str(exc)
-                progress.steps_done += 1
+            # A worker that cannot (most often one restarted without it) does not stop this: the adapter leaves
+            # the model table below, so no request reaches it on any worker.
+            errors = await _unload_quietly(name, workers)
+            progress.steps_done, progress.error = len(workers), "; ".join(errors) or None
             self.models.adapter_unloaded(name)
             self.registry.unload_adapter(self.pool, name)
             progress.status, progress.finished_at = "retired", time.time()
@@ -312,9 +307,13 @@ class Deployer:
         return progress
 
 
-async def _unload_quietly(name: str, workers: list[WorkerHandle]) -> None:
+async def _unload_quietly(name: str, workers: list[WorkerHandle]) -> list[str]:
+    """Unloads adapter `name` from every worker; one that cannot is logged and passed over. Returns their errors."""
+    errors = []
     for worker in workers:
         try:
             await WorkerControl(worker).unload_lora(name)
-        except WorkerControlError:
-            log.exception("%s: could not unload adapter %s", worker.name, name)
+        except WorkerControlError as exc:
+            log.warning("%s: could not unload adapter %s: %s", worker.name, name, exc)
+            errors.append(str(exc))
+    return errors
