@@ -1,10 +1,11 @@
 """The front door's connection to Dynamo's frontend.
 
 Every generation goes to Dynamo as a token-id prompt on `/v1/completions`, streamed,
-with the sampled ids returned as "token_id:N" logprob entries. So the front door
-knows the exact prompt ids (it tokenized them) and the exact completion ids (the
-engine reports them), whatever the client asked for. Dynamo's KV router picks the
-worker; `x-dynamo-session-id` binds a session to the worker holding its KV.
+with the sampled ids returned as "token_id:N" logprob entries, or, when nobody needs
+the logprobs, in Dynamo's `completion_token_ids` field. So the front door knows the
+exact prompt ids (it tokenized them) and the exact completion ids (the engine reports
+them), whatever the client asked for. Dynamo's KV router picks the worker;
+`x-dynamo-session-id` binds a session to the worker holding its KV.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class EngineRequest:
     max_tokens: int
     sampling: dict                       # OpenAI completion fields passed through (temperature, n, stop, ...)
     top_logprobs: int = 0                # alternatives per position the client wants
+    # The sampled tokens' logprobs, which cost the engine a pass over the vocabulary every step. Without them
+    # (neither the client nor the traces want them) the ids come alone, for one choice (Dynamo's limit).
+    logprobs: bool = True
     # Guided decoding, as Dynamo's completions API takes it: {"guided_json": schema} or {"guided_grammar": ebnf}
     guided: dict = field(default_factory=dict)
     session_id: str | None = None
@@ -45,7 +49,7 @@ class EngineRequest:
 @dataclass
 class SampledToken:
     token_id: int
-    logprob: float
+    logprob: float | None                # None: not asked of the engine (EngineRequest.logprobs)
     top: list[tuple[int, float]]
 
 
@@ -78,7 +82,11 @@ def _parse_token_id(entry: str) -> int:
     return int(entry[len(_TOKEN_ID_PREFIX):])
 
 
-def _parse_choice(choice: dict) -> ChoiceDelta:
+def _parse_choice(choice: dict, token_ids: list[int] | None) -> ChoiceDelta:
+    """One choice of a chunk; `token_ids`: its ids when they came without logprobs."""
+    if token_ids is not None:
+        tokens = [SampledToken(token_id, None, []) for token_id in token_ids]
+        return ChoiceDelta(choice.get("index", 0), choice.get("text") or "", tokens, choice.get("finish_reason"))
     tokens = []
     logprobs = choice.get("logprobs") or {}
     tops = logprobs.get("top_logprobs") or []
@@ -95,8 +103,10 @@ def _parse_chunk(payload: dict) -> EngineChunk:
         u = payload["usage"]
         details = u.get("prompt_tokens_details") or {}
         usage = EngineUsage(u.get("prompt_tokens", 0), u.get("completion_tokens", 0), details.get("cached_tokens") or 0)
-    worker = ((payload.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
-    return EngineChunk([_parse_choice(c) for c in payload.get("choices", [])], usage,
+    nvext = payload.get("nvext") or {}
+    worker = (nvext.get("worker_id") or {}).get("decode_worker_id")
+    token_ids = nvext.get("completion_token_ids")  # only for one choice: _asks_for_logprobs
+    return EngineChunk([_parse_choice(c, token_ids) for c in payload.get("choices", [])], usage,
                        str(worker) if worker is not None else None, time.monotonic())
 
 
@@ -165,12 +175,15 @@ class DynamoFrontendClient:
             "model": req.model,
             "prompt": req.prompt_token_ids,
             "max_tokens": req.max_tokens,
-            "logprobs": req.top_logprobs,  # 0 still returns the sampled token id and its logprob
-            "return_tokens_as_token_ids": True,
             "stream": True,
             "stream_options": {"include_usage": True},
             "nvext": {"extra_fields": ["worker_id"]},
         }
+        if _asks_for_logprobs(req):
+            body["logprobs"] = req.top_logprobs  # 0 still returns the sampled token id and its logprob
+            body["return_tokens_as_token_ids"] = True
+        else:
+            body["nvext"]["extra_fields"].append("completion_token_ids")
         if req.stream_interval > 1:
             body["nvext"]["annotations"] = [stream_interval.annotation(req.stream_interval)]
         if req.cache_salt:
@@ -210,6 +223,12 @@ class DynamoFrontendClient:
             raise APIError(504, f"the engine did not answer within the request timeout ({exc.__class__.__name__})") from exc
         except aiohttp.ClientError as exc:
             raise unavailable(f"the engine connection failed ({exc.__class__.__name__}); retry shortly") from exc
+
+
+def _asks_for_logprobs(req: EngineRequest) -> bool:
+    """Whether the ids come as logprob entries: when logprobs are wanted, and for several choices (Dynamo's
+    `completion_token_ids` holds one choice's ids)."""
+    return req.logprobs or req.top_logprobs > 0 or req.sampling.get("n", 1) > 1
 
 
 def _acknowledge_promptly(resp: aiohttp.ClientResponse) -> None:

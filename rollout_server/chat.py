@@ -126,6 +126,7 @@ async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, 
     return EngineRequest(
         model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
         max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.top_logprobs or 0,
+        logprobs=req.logprobs or ctx.settings.traces.keeps_logprobs,
         guided=guided, session_id=session_id, prompt_param="messages", cache_salt=req.cache_salt,
         stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval),
     )

@@ -53,6 +53,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
         engine_request = EngineRequest(
             model=req.model, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
             prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.logprobs or 0,
+            logprobs=req.logprobs is not None or ctx.settings.traces.keeps_logprobs,
             guided=guided, session_id=session_id, cache_salt=req.cache_salt,
             prompt_param="prompt", stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval))
         generations.append(Generation(ctx, engine_request, who=who, endpoint="completions",

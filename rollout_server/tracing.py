@@ -36,12 +36,20 @@ def _record(g: FinishedGeneration, body: dict, sampling: dict, choice: ChoiceRes
         prompt_text=prompt if isinstance(prompt, str) else None,
         output_message=choice.message, output_text=choice.text, sampling_params=sampling,
         prompt_token_ids=g.prompt_token_ids, completion_token_ids=choice.token_ids,
-        completion_logprobs=[t.logprob for t in choice.tokens], finish_reason=choice.finish_reason,
+        completion_logprobs=_logprobs(choice), finish_reason=choice.finish_reason,
         queue_ms=None, ttft_ms=g.ttft_s * 1000 if g.ttft_s is not None else None,
         inter_token_ms=[gap * 1000 for gap in g.inter_token_s], total_ms=g.total_s * 1000,
         cached_tokens=g.cached_tokens, worker_ids=[g.worker_id] if g.worker_id else [],
         choice_index=choice.index,
     )
+
+
+def _logprobs(choice: ChoiceResult) -> list[float]:
+    """The sampled tokens' logprobs; none when the engine was not asked for them (traces.capture_logprobs off),
+    which the RL export reads as a turn without logprobs."""
+    if any(t.logprob is None for t in choice.tokens):
+        return []
+    return [t.logprob for t in choice.tokens]
 
 
 class TraceHook:

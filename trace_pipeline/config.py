@@ -10,6 +10,10 @@ import pydantic
 class TraceSettings(pydantic.BaseModel):
     enabled: bool = True
     dir: Path = Path("traces")  # relative: under the front door's state directory
+    # Keep every sampled token's logprob (the behaviour policy's, for RL), also when the client did not ask for
+    # logprobs. The engine then computes them for every request: on the tiny CPU model that is ~5-10% of its time
+    # per token (docs/benchmarks.md, "Front door"). Off: such requests' traces hold their exact ids, no logprobs.
+    capture_logprobs: bool = True
     # Records waiting between the serving side and the writer thread.
     queue_size: int = pydantic.Field(default=8192, ge=1)
     # What record() does when the queue is full: wait for room ("block"), or append
@@ -25,3 +29,8 @@ class TraceSettings(pydantic.BaseModel):
     flush_every_records: int = pydantic.Field(default=8192, ge=1)
     flush_every_s: float = pydantic.Field(default=10.0, gt=0)
     zstd_level: int = pydantic.Field(default=3, ge=1, le=22)
+
+    @property
+    def keeps_logprobs(self) -> bool:
+        """Whether every request's sampled-token logprobs are wanted, for its trace."""
+        return self.enabled and self.capture_logprobs

@@ -203,6 +203,38 @@ def test_the_worker_gathers_tokens_per_message_as_asked(stack, tokenizer):
     assert ids(gathered) == ids(single)
 
 
+@pytest.mark.parametrize("sampling", [{"ignore_eos": True}, {}, {"stop": [" the"]}, {"seed": 7, "temperature": 1.0}])
+@pytest.mark.parametrize("interval", [1, 16])
+def test_the_engine_reports_the_same_ids_without_computing_logprobs(stack, tokenizer, sampling, interval):
+    """A request nobody wants logprobs for gets its exact ids from Dynamo's completion_token_ids instead of the
+    engine's logprob entries: the same ids, text and finish reason (run out, stopped by EOS or a stop string),
+    whole or token by token. Several choices still come as logprob entries (Dynamo's field holds one choice)."""
+    prompt = tokenizer.encode("the same ids either way")
+
+    async def choices(logprobs: bool, **more_sampling) -> dict[int, tuple[list, str, str | None]]:
+        client = DynamoFrontendClient(stack.frontend_url)
+        request = EngineRequest(model=MODEL, request_id=f"ids-{logprobs}-{len(more_sampling)}", prompt_token_ids=prompt,
+                                max_tokens=40, sampling={"temperature": 0, **sampling, **more_sampling},
+                                stream_interval=interval, logprobs=logprobs)
+        out: dict[int, tuple[list, str, str | None]] = {}
+        try:
+            async for chunk in client.stream_once(request):
+                for d in chunk.deltas:
+                    tokens, text, finish = out.get(d.index, ([], "", None))
+                    out[d.index] = (tokens + d.tokens, text + d.text, d.finish_reason or finish)
+        finally:
+            await client.close()
+        return out
+
+    with_logprobs, ids_only = asyncio.run(choices(True)), asyncio.run(choices(False))
+    ids = lambda tokens: [t.token_id for t in tokens]  # noqa: E731
+    assert len(ids(with_logprobs[0][0])) > 0
+    assert (ids(ids_only[0][0]), ids_only[0][1:]) == (ids(with_logprobs[0][0]), with_logprobs[0][1:])
+    assert all(t.logprob is None for t in ids_only[0][0]) and all(t.logprob <= 0 for t in with_logprobs[0][0])
+    two = asyncio.run(choices(False, n=2, temperature=1.0))
+    assert len(two) == 2 and all(tokens and all(t.logprob is not None for t in tokens) for tokens, _, _ in two.values())
+
+
 def test_a_whole_response_has_the_tokens_and_logprobs_of_a_streamed_one(client):
     """Whole responses come from the worker in messages of many tokens (unstreamed_interval)."""
     args = dict(model=MODEL, prompt="a whole answer", max_tokens=40, temperature=0, logprobs=1,

@@ -116,3 +116,15 @@ def test_rewards_for_unknown_traces_are_refused(stack):
     resp = httpx.post(f"{stack.url}/v1/traces/rewards", json={"rewards": [{"request_id": "no-such", "reward": 1}]},
                       timeout=30)
     assert resp.status_code == 404 and resp.json()["error"]["param"] == "rewards.0.request_id"
+
+
+def test_logprobs_are_captured_also_when_the_client_does_not_ask_for_them(stack, client, tmp_path):
+    """traces.capture_logprobs (on by default): the engine computes every sampled token's logprob for the trace."""
+    args = dict(model=MODEL, prompt="capture what was not asked", max_tokens=12, temperature=0,
+                extra_body={"return_token_ids": True, "ignore_eos": True})
+    plain = client.completions.create(**args, extra_headers={"X-Session-ID": "capture-unasked"})
+    asked = client.completions.create(**args, logprobs=0)
+    assert plain.choices[0].logprobs is None
+    [row] = export(stack, tmp_path, "raw", "capture-unasked", expect_rows=1)
+    assert row["completion_token_ids"] == plain.choices[0].model_extra["token_ids"]
+    assert row["completion_logprobs"] == pytest.approx(asked.choices[0].logprobs.token_logprobs, abs=1e-4)
