@@ -11,8 +11,8 @@ class TraceSettings(pydantic.BaseModel):
     enabled: bool = True
     dir: Path = Path("traces")  # relative: under the front door's state directory
     # Keep every sampled token's logprob (the behaviour policy's, for RL), also when the client did not ask for
-    # logprobs. The engine then computes them for every request: on the tiny CPU model that is ~5-10% of its time
-    # per token (docs/benchmarks.md, "Front door"). Off: such requests' traces hold their exact ids, no logprobs.
+    # logprobs. The engine then computes them for every request: on the tiny CPU model that cost 2-11% of its
+    # throughput (docs/benchmarks.md, "Front door"). Off: such requests' traces hold their exact ids, no logprobs.
     capture_logprobs: bool = True
     # Records waiting between the serving side and the writer thread.
     queue_size: int = pydantic.Field(default=8192, ge=1)
