@@ -5,13 +5,13 @@
    rollout-serve (front door -> Dynamo KV router -> one vLLM worker): throughput
    (completion tokens/s) and p50/p90 request latency. The front door asks its engine for
    every sampled token's logprob by default (traces keep them: traces.capture_logprobs), work
-   the plain server does only when its client asks. So four targets, each pair doing the
-   same engine work: plain vLLM without and with the client asking for those logprobs, the
-   front door at its defaults, and the front door with traces.capture_logprobs off.
+   the plain server does only when its client asks; so the baseline's client asks for them too.
    `throughput_ratio`: the front door at its defaults over plain vLLM asked for the same
    logprobs. Twice: streamed responses, and whole ones (stream=false); each figure is the
    worse of the two. Ratios are medians of per-round ratios (targets loaded in turn, the
-   order rotating): this machine's speed drifts between loads more than the targets differ.
+   order alternating): this machine's speed drifts between loads more than the targets differ.
+   --all-targets adds plain vLLM asked no logprobs and the front door with capture_logprobs
+   off: what the logprobs cost each side.
 2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
@@ -206,35 +206,47 @@ async def run_sessions(url: str, sessions: int, turns: int, first_words: int, wo
 
 # The sampled token's logprob, as the front door asks its engine for it (engine/frontend_client.py)
 SAMPLED_LOGPROBS = {"logprobs": 0, "return_tokens_as_token_ids": True}
-TARGETS = {  # name -> what it is
-    "direct": "plain vLLM",
+HEADLINE = {  # name -> what it is: the pair `throughput_ratio` compares, doing the same engine work
     "direct_logprobs": "plain vLLM, client asks logprobs",
     "front": "front door (defaults)",
+}
+LOGPROB_STUDY = {  # --all-targets: what the logprobs cost each side
+    "direct": "plain vLLM",
     "front_ids_only": "front door, capture_logprobs off",
+}
+RATIOS = {  # figure -> (target, baseline), each computed when both were measured
+    "throughput_ratio": ("front", "direct_logprobs"),
+    "ids_only_throughput_ratio": ("front_ids_only", "direct"),
+    "frontdoor_over_plain_throughput_ratio": ("front", "direct"),
+    "plain_logprobs_throughput_ratio": ("direct_logprobs", "direct"),
+    "capture_logprobs_throughput_ratio": ("front", "front_ids_only"),
 }
 
 
 def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[bool, ...], rounds: int,
-                     load: dict) -> dict:
-    """The TARGETS side by side (one worker each), for each load in `streams` (True: streamed responses, False:
+                     load: dict, all_targets: bool) -> dict:
+    """The targets side by side (one worker each), for each load in `streams` (True: streamed responses, False:
     whole responses). `interval`: the stream interval of streamed responses on both sides (vLLM
     --stream-interval; rollout-serve's stream_interval setting)."""
     tmp.mkdir(parents=True, exist_ok=True)
     port = free_port_block(1, start=29000)
     vllm = start_plain_vllm(model_dir, port, tmp / "vllm.log", ("--stream-interval", str(interval)))
     interval_args = ["--stream-interval", str(interval)]
-    stack = start_stack(tmp / "front", workers=1, extra_args=interval_args)
-    ids_only = start_stack(tmp / "front-ids-only", workers=1, extra_args=interval_args,
-                           extra_env={"ROLLOUT_SERVE_TRACES__CAPTURE_LOGPROBS": "false"})
+    stacks = {"front": start_stack(tmp / "front", workers=1, extra_args=interval_args)}
+    if all_targets:
+        stacks["front_ids_only"] = start_stack(tmp / "front-ids-only", workers=1, extra_args=interval_args,
+                                               extra_env={"ROLLOUT_SERVE_TRACES__CAPTURE_LOGPROBS": "false"})
     direct = f"http://127.0.0.1:{port}"
-    targets = {"direct": (direct, {}), "direct_logprobs": (direct, SAMPLED_LOGPROBS), "front": (stack.url, {}),
-               "front_ids_only": (ids_only.url, {})}
+    targets = {"direct_logprobs": (direct, SAMPLED_LOGPROBS), **{name: (s.url, {}) for name, s in stacks.items()}}
+    if all_targets:
+        targets["direct"] = (direct, {})
+    labels = {**HEADLINE, **LOGPROB_STUDY}
     # CPU spent outside vLLM's engine per completion token (the plain server's API process; the front door,
     # Dynamo's frontend and Dynamo's worker process), and in the engine (its scheduler and model)
-    host = {"direct": [vllm.pid], "front": host_processes(stack), "front_ids_only": host_processes(ids_only)}
-    engine = {"direct": engine_processes([vllm.pid]), "front": engine_processes(stack.child_pids()),
-              "front_ids_only": engine_processes(ids_only.child_pids())}
-    host["direct_logprobs"], engine["direct_logprobs"] = host["direct"], engine["direct"]
+    host = {name: host_processes(s) for name, s in stacks.items()}
+    engine = {name: engine_processes(s.child_pids()) for name, s in stacks.items()}
+    for name in ("direct", "direct_logprobs"):
+        host[name], engine[name] = [vllm.pid], engine_processes([vllm.pid])
     figures = {}
     every_core = os.sched_getaffinity(0)
     # The load generator stays off the engine's core (0), as clients on other machines would.
@@ -259,11 +271,11 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
                     time.sleep(SETTLE_S)  # every server is idle before the next one is loaded
                     runs[name].append(run)
             suffix = ("_streamed" if interval == 1 else f"_streamed_interval_{interval}") if stream else "_unstreamed"
-            figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs).items()})
+            figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs, labels).items()})
     finally:
         os.sched_setaffinity(0, every_core)
-        stack.stop()
-        ids_only.stop()
+        for stack in stacks.values():
+            stack.stop()
         stop_group(vllm)
     return figures
 
@@ -273,29 +285,27 @@ def _paired_ratio(runs: dict[str, list[dict]], target: str, baseline: str) -> fl
     return statistics.median(t["throughput_tok_s"] / b["throughput_tok_s"] for t, b in zip(runs[target], runs[baseline]))
 
 
-def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
+def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str]) -> dict:
     median = lambda name, key: statistics.median(r[key] for r in runs[name])  # noqa: E731
-    for name, label in TARGETS.items():
+    for name in runs:
         each = " ".join(f"{r['throughput_tok_s']:.0f}" for r in runs[name])
-        print(f"   {label:34s} {median(name, 'throughput_tok_s'):6.1f} tok/s   p50 {median(name, 'p50_s'):.3f}s   "
+        print(f"   {labels[name]:34s} {median(name, 'throughput_tok_s'):6.1f} tok/s   p50 {median(name, 'p50_s'):.3f}s   "
               f"p90 {median(name, 'p90_s'):.3f}s   CPU host {median(name, 'host_cpu_ms_per_token'):.3f} "
               f"engine {median(name, 'engine_cpu_ms_per_token'):.3f} ms/token   (runs: {each})", flush=True)
-    figures = {
-        "throughput_ratio": _paired_ratio(runs, "front", "direct_logprobs"),
-        "ids_only_throughput_ratio": _paired_ratio(runs, "front_ids_only", "direct"),
-        "frontdoor_over_plain_throughput_ratio": _paired_ratio(runs, "front", "direct"),
-        "plain_logprobs_throughput_ratio": _paired_ratio(runs, "direct_logprobs", "direct"),
-        "capture_logprobs_throughput_ratio": _paired_ratio(runs, "front", "front_ids_only"),
-        "p90_latency_ratio": median("front", "p90_s") / median("direct_logprobs", "p90_s"),
-        "engine_cpu_ratio": median("front", "engine_cpu_ms_per_token") / median("direct_logprobs", "engine_cpu_ms_per_token"),
-    }
-    print("   front door / plain vLLM, per-round medians: "
-          f"same engine work {figures['throughput_ratio']:.3f} (defaults / client asks logprobs), "
-          f"{figures['ids_only_throughput_ratio']:.3f} (capture_logprobs off / no logprobs); "
-          f"defaults / no logprobs {figures['frontdoor_over_plain_throughput_ratio']:.3f}; "
-          f"logprobs cost plain vLLM {1 - figures['plain_logprobs_throughput_ratio']:+.1%}, "
-          f"the front door {1 - figures['capture_logprobs_throughput_ratio']:+.1%}", flush=True)
-    for name in TARGETS:
+    figures = {key: _paired_ratio(runs, target, baseline) for key, (target, baseline) in RATIOS.items()
+               if target in runs and baseline in runs}
+    figures["p90_latency_ratio"] = median("front", "p90_s") / median("direct_logprobs", "p90_s")
+    figures["engine_cpu_ratio"] = (median("front", "engine_cpu_ms_per_token")
+                                   / median("direct_logprobs", "engine_cpu_ms_per_token"))
+    each = [f"{r['throughput_tok_s'] / b['throughput_tok_s']:.2f}" for r, b in zip(runs["front"], runs["direct_logprobs"])]
+    print(f"   front door / plain vLLM at the same engine work, median of per-round ratios: "
+          f"{figures['throughput_ratio']:.3f}   (rounds: {' '.join(each)})", flush=True)
+    if "direct" in runs:
+        print(f"   capture_logprobs off / plain vLLM asked no logprobs {figures['ids_only_throughput_ratio']:.3f}; "
+              f"defaults / no logprobs {figures['frontdoor_over_plain_throughput_ratio']:.3f}; "
+              f"logprobs cost plain vLLM {1 - figures['plain_logprobs_throughput_ratio']:+.1%}, "
+              f"the front door {1 - figures['capture_logprobs_throughput_ratio']:+.1%}", flush=True)
+    for name in runs:
         figures |= {f"{name}_throughput_tok_s": median(name, "throughput_tok_s"), f"{name}_p50_s": median(name, "p50_s"),
                     f"{name}_p90_s": median(name, "p90_s"),
                     f"{name}_host_cpu_ms_per_token": median(name, "host_cpu_ms_per_token"),
@@ -308,7 +318,10 @@ def _overhead_figures(runs: dict[str, list[dict]]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved runs of each target")
+    parser.add_argument("--rounds", type=int, default=16, help="interleaved runs of each target")
+    parser.add_argument("--all-targets", action="store_true",
+                        help="also plain vLLM asked no logprobs and the front door with capture_logprobs off "
+                             "(what the logprobs cost each side)")
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -323,13 +336,14 @@ def main() -> None:
     load = dict(requests=args.requests, concurrency=args.concurrency, prompt_len=args.prompt_len, max_tokens=args.max_tokens)
     figures: dict = {}
 
-    figures.update(measure_overhead(model_dir, tmp / "default", 1, (True, False), args.rounds, load))
+    figures.update(measure_overhead(model_dir, tmp / "default", 1, (True, False), args.rounds, load, args.all_targets))
     if args.compare_stream_interval > 1:
         figures.update(measure_overhead(model_dir, tmp / "interval", args.compare_stream_interval, (True,),
-                                        args.rounds, load))
+                                        args.rounds, load, args.all_targets))
     # Each headline is the worse of the two loads: streamed (chat UIs, agents) and whole responses (RL rollouts).
-    for ratio in ("throughput_ratio", "ids_only_throughput_ratio", "frontdoor_over_plain_throughput_ratio"):
-        figures[ratio] = min(figures[f"{ratio}_streamed"], figures[f"{ratio}_unstreamed"])
+    for ratio in RATIOS:
+        if f"{ratio}_streamed" in figures:
+            figures[ratio] = min(figures[f"{ratio}_streamed"], figures[f"{ratio}_unstreamed"])
 
     if args.skip_sessions:
         print(json.dumps(figures, indent=1))
@@ -352,8 +366,6 @@ def main() -> None:
     figures["round_robin_returning_ttft_ratio"] = figures["round_robin_returning_ttft_s"] / figures["round_robin_cold_ttft_s"]
 
     print(f"throughput_ratio (front door / plain vLLM, same engine work) = {figures['throughput_ratio']:.3f}   "
-          f"(capture_logprobs off: {figures['ids_only_throughput_ratio']:.3f}; front door at its defaults / plain vLLM "
-          f"asked no logprobs: {figures['frontdoor_over_plain_throughput_ratio']:.3f})   "
           f"returning_ttft_ratio = {figures['returning_ttft_ratio']:.3f}   "
           f"hit rate sticky {figures['sticky_hit_rate']:.1%} vs round-robin {figures['round_robin_hit_rate']:.1%}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -82,14 +82,15 @@ def _parse_token_id(entry: str) -> int:
     return int(entry[len(_TOKEN_ID_PREFIX):])
 
 
-def _parse_choice(choice: dict, token_ids: list[int] | None) -> ChoiceDelta:
-    """One choice of a chunk; `token_ids`: its ids when they came without logprobs."""
+def _parse_choice(choice: dict, token_ids: list[int] | None, top_logprobs: int) -> ChoiceDelta:
+    """One choice of a chunk; `token_ids`: its ids when they came without logprobs. Alternatives are read
+    only when asked for: with none asked, Dynamo still lists the sampled token as one."""
     if token_ids is not None:
         tokens = [SampledToken(token_id, None, []) for token_id in token_ids]
         return ChoiceDelta(choice.get("index", 0), choice.get("text") or "", tokens, choice.get("finish_reason"))
     tokens = []
     logprobs = choice.get("logprobs") or {}
-    tops = logprobs.get("top_logprobs") or []
+    tops = (logprobs.get("top_logprobs") or []) if top_logprobs else []
     for i, (tok, lp) in enumerate(zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [])):
         alternatives = tops[i] if i < len(tops) and tops[i] else {}
         top = sorted(((_parse_token_id(t), float(v)) for t, v in alternatives.items()), key=lambda p: -p[1])
@@ -97,7 +98,7 @@ def _parse_choice(choice: dict, token_ids: list[int] | None) -> ChoiceDelta:
     return ChoiceDelta(choice.get("index", 0), choice.get("text") or "", tokens, choice.get("finish_reason"))
 
 
-def _parse_chunk(payload: dict) -> EngineChunk:
+def _parse_chunk(payload: dict, top_logprobs: int) -> EngineChunk:
     usage = None
     if payload.get("usage"):
         u = payload["usage"]
@@ -106,7 +107,7 @@ def _parse_chunk(payload: dict) -> EngineChunk:
     nvext = payload.get("nvext") or {}
     worker = (nvext.get("worker_id") or {}).get("decode_worker_id")
     token_ids = nvext.get("completion_token_ids")  # only for one choice: _asks_for_logprobs
-    return EngineChunk([_parse_choice(c, token_ids) for c in payload.get("choices", [])], usage,
+    return EngineChunk([_parse_choice(c, token_ids, top_logprobs) for c in payload.get("choices", [])], usage,
                        str(worker) if worker is not None else None, time.monotonic())
 
 
@@ -214,7 +215,7 @@ class DynamoFrontendClient:
                     raw = await resp.read()
                     error = engine_error(resp.status, _json_or_message(raw), req)
                     raise RefusedBeforeOutput(error) if resp.status == 503 else error
-                async for chunk in _sse_chunks(resp.content):
+                async for chunk in _sse_chunks(resp.content, req.top_logprobs):
                     yield chunk
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # the request was never sent
             raise RefusedBeforeOutput(unavailable(
@@ -247,6 +248,24 @@ def _acknowledge_promptly(resp: aiohttp.ClientResponse) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
 
 
+async def _sse_events(body: aiohttp.StreamReader) -> AsyncIterator[tuple[str | None, bytes]]:
+    """(event name, data) of each data line of a server-sent event stream.
+
+    Reads whatever bytes have arrived and splits the events itself: one await per network read, usually one
+    event, where reading line by line takes three (the data line, the blank line, the next)."""
+    pending = b""
+    async for piece in body.iter_any():
+        pending = (pending + piece).replace(b"\r\n", b"\n")
+        *events, pending = pending.split(b"\n\n")
+        for block in events:
+            name = None
+            for line in block.split(b"\n"):
+                if line.startswith(b"event:"):
+                    name = line[6:].strip().decode()
+                elif line.startswith(b"data:"):
+                    yield name, line[5:].strip()
+
+
 def _json_or_message(raw: bytes) -> dict:
     try:
         body = json.loads(raw)
@@ -265,23 +284,12 @@ def _stream_error(payload: dict) -> APIError:
     return unavailable(f"the engine failed mid-request: {message}")
 
 
-async def _sse_chunks(lines: aiohttp.StreamReader) -> AsyncIterator[EngineChunk]:
-    event = None
-    async for raw in lines:
-        line = raw.rstrip(b"\r\n")
-        if not line:
-            event = None
-            continue
-        if line.startswith(b"event:"):
-            event = line[6:].strip().decode()
-            continue
-        if not line.startswith(b"data:"):
-            continue
-        data = line[5:].strip()
+async def _sse_chunks(body: aiohttp.StreamReader, top_logprobs: int) -> AsyncIterator[EngineChunk]:
+    async for event, data in _sse_events(body):
         if data == b"[DONE]":
             return
         payload = msgspec.json.decode(data)  # the per-token hot path: msgspec is several times faster than json
         if event == "error" or "error" in payload or ("message" in payload and "choices" not in payload):
             raise _stream_error(payload)
-        yield _parse_chunk(payload)
+        yield _parse_chunk(payload, top_logprobs)
     raise unavailable("the engine's stream ended before the request finished (its worker may have died)")

@@ -8,6 +8,7 @@ import time
 
 import httpx
 
+from engine import cpu_placement
 from tests.stack_harness import REPO, start_stack
 
 MODEL = "tiny-qwen2"
@@ -30,11 +31,15 @@ def _comm(pid: int) -> str:
 
 def _check_cpu_placement(stack, worker_group: int) -> None:
     """engine/cpu_placement.py: the model runs inside vLLM's engine core, pinned to the worker's core (0);
-    the front door and Dynamo's processes run on the other cores."""
+    the front door, Dynamo's processes and the engine's gloo threads run on the other cores."""
     engine = [pid for pid in stack.child_pids() if os.getpgid(pid) == worker_group and _comm(pid).startswith("VLLM::")]
     assert [_comm(pid) for pid in engine] == ["VLLM::EngineCor"], "one engine process, no separate model runner"
-    assert os.sched_getaffinity(engine[0]) == {0}
     others = set(range(1, os.cpu_count() or 1)) or {0}
+    threads = {int(tid): _comm(int(tid)) for tid in os.listdir(f"/proc/{engine[0]}/task")}
+    gloo = [tid for tid, name in threads.items() if name in cpu_placement.GLOO_THREADS]
+    assert gloo, threads
+    for tid, name in threads.items():
+        assert os.sched_getaffinity(tid) == (others if tid in gloo else {0}), (tid, name)
     for pid in [stack.process.pid] + [pid for pid in stack.child_pids() if pid != engine[0]]:
         assert os.sched_getaffinity(pid) == others, (pid, _comm(pid))
 
