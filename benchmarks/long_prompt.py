@@ -6,7 +6,9 @@ Tokenize: the chat template rendered and tokenized for one user message of ~`--t
 model's tokenizer), inline on the event loop (as the front door did) and through `tokenize_off_the_loop`
 (a worker thread), while a coroutine on the loop measures its longest stall between two turns.
 Parse: a /inference/v1/generate body with a `--tokens`-id prompt, decoded by the standard library's json
-(FastAPI's default) and by msgspec (`rollout_server/fast_json.py`); encode: the same ids as the engine
+(FastAPI's default) and by msgspec (`rollout_server/fast_json.py`); validate: the same ids as a
+/v1/completions prompt, by the front door's CompletionRequest and by the same union with texts tried first
+(as it was: every id then made a validation error); encode: the same ids as the engine
 request (`engine/frontend_client.py`) and a /generate response (which echoes them) write them, both ways.
 Returning turn: an agent session of ~`--tokens` tokens in 20 turns gets one more turn of ~6,000 tokens;
 its prompt rendered and tokenized whole (as before) and from where the turn before ended
@@ -29,11 +31,18 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rollout_server.protocol import CompletionRequest  # noqa: E402
 from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
 from rollout_server.tokenizer import ModelTokenizer, tokenize_off_the_loop  # noqa: E402
 from tests.stack_harness import CACHE_DIR  # noqa: E402
 
 SOURCE = (Path(__file__).resolve().parents[1] / "rollout_server" / "generation.py").read_text()
+
+
+class TextsFirstCompletionRequest(CompletionRequest):
+    """The baseline: the prompt union as it was, texts before ids."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
 
 
 async def longest_stall(work) -> float:
@@ -111,6 +120,8 @@ def main() -> None:
     engine_body = {"model": "m", "prompt": ids, "max_tokens": 16, "stream": True}
     parse_json = [timed(lambda: json.loads(body)) for _ in range(args.rounds)]
     parse_msgspec = [timed(lambda: msgspec.json.decode(body)) for _ in range(args.rounds)]
+    validate_texts_first = [timed(lambda: TextsFirstCompletionRequest(model="m", prompt=ids)) for _ in range(args.rounds)]
+    validate = [timed(lambda: CompletionRequest(model="m", prompt=ids)) for _ in range(args.rounds)]
     encode_json = [timed(lambda: json.dumps(engine_body)) for _ in range(args.rounds)]
     encode_msgspec = [timed(lambda: msgspec.json.encode(engine_body)) for _ in range(args.rounds)]
 
@@ -127,6 +138,9 @@ def main() -> None:
         "token_id_prompt_parse_s_json": round(med(parse_json), 5),
         "token_id_prompt_parse_s_msgspec": round(med(parse_msgspec), 5),
         "token_id_prompt_parse_ratio_msgspec_over_json": round(med(parse_msgspec) / med(parse_json), 4),
+        "completion_id_prompt_validate_s_texts_first": round(med(validate_texts_first), 5),
+        "completion_id_prompt_validate_s": round(med(validate), 5),
+        "completion_id_prompt_validate_ratio": round(med(validate) / med(validate_texts_first), 4),
         "engine_request_encode_s_json": round(med(encode_json), 5),
         "engine_request_encode_s_msgspec": round(med(encode_msgspec), 5),
         "engine_request_encode_ratio_msgspec_over_json": round(med(encode_msgspec) / med(encode_json), 4),

@@ -25,7 +25,7 @@ async def _prompts_as_ids(ctx: ServingContext, prompt, add_special_tokens: bool 
     the tokenizer's special tokens (a BOS) unless `add_special_tokens` is off; id prompts are taken as given."""
     if isinstance(prompt, str):
         prompt = [prompt]
-    elif prompt and all(isinstance(p, int) for p in prompt):
+    elif prompt and isinstance(prompt[0], int):  # the request's union validated a uniform list
         return [list(prompt)]
     chars = sum(len(p) for p in prompt if isinstance(p, str))
     encode = ctx.tokenizer.encode_prompt if add_special_tokens else ctx.tokenizer.encode

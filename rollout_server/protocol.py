@@ -181,7 +181,9 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
 
 class CompletionRequest(SamplingFields):
     model: str
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # Ids before texts: the same choice (smart mode takes the exact match), but a 140k-id prompt validates in
+    # 3 ms instead of 70 (tried as texts first, each id made a validation error)
+    prompt: str | list[int] | list[list[int]] | list[str]
     max_tokens: int | None = Field(16, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -199,7 +201,8 @@ class CompletionRequest(SamplingFields):
     @field_validator("prompt")
     @classmethod
     def _non_empty(cls, v):
-        if isinstance(v, list) and (len(v) == 0 or any(isinstance(p, list) and not p for p in v)):
+        # The union's lists are uniform: only a list of lists needs its items looked at (not 140k token ids)
+        if isinstance(v, list) and (not v or (isinstance(v[0], list) and not all(v))):
             raise ValueError("prompt must not be empty")
         return v
 
