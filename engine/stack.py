@@ -27,6 +27,7 @@ import httpx
 from tqdm import tqdm
 
 from engine import disaggregation, ports
+from engine.compute_dtype import worker_dtype
 from engine.kv_tier import service as kv_tier_service
 from engine.kv_tier.config import TierConnectorConfig, kv_transfer_config
 from engine.kv_tier.policy import write_policy_version
@@ -113,6 +114,7 @@ class Stack:
         self.frontend: ChildProcess | None = None
         self.worker_children: dict[int, ChildProcess] = {}
         self.frontend_url = f"http://127.0.0.1:{settings.frontend_port}"
+        self.dtype = worker_dtype(settings.dtype, model_dir, on_cpu=not has_cuda())
         self._env: dict[str, str] = {}
 
     # ---- process specs -------------------------------------------------------------------
@@ -141,7 +143,7 @@ class Stack:
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
             "--block-size", str(self.settings.block_size),
             "--max-model-len", str(self.settings.max_model_len),
-            "--dtype", self.settings.dtype,
+            "--dtype", self.dtype,
             "--kv-events-config", json.dumps(kv_events),
             "--kv-cache-memory-bytes", str(int(self.settings.kv_cache_gib * 2**30)),
             "--discovery-backend", self.settings.discovery_backend,
@@ -203,7 +205,7 @@ class Stack:
             return []
         self.set_kv_tier_policy_version(BASE_VERSION)  # workers start on the base weights
         log.info("KV tier: %s", kv_tier_service.describe_capacity(tier, self.model_dir, self.settings.block_size,
-                                                                          self.settings.dtype))
+                                                                          self.dtype))
         return [kv_tier_service.master_spec(tier, self.run_dir), kv_tier_service.holder_spec(tier, self.run_dir)]
 
     # ---- life cycle ----------------------------------------------------------------------
@@ -231,8 +233,8 @@ class Stack:
         shutil.rmtree(discovery_dir, ignore_errors=True)  # stale registrations would confuse the router
         discovery_dir.mkdir(parents=True, exist_ok=True)
         self._env = dynamo_env(self.settings, discovery_dir)
-        log.info("starting Dynamo frontend on :%d (router %s) and %d vLLM worker(s); logs in %s",
-                 self.settings.frontend_port, self.settings.router_mode, len(self.workers), self.run_dir)
+        log.info("starting Dynamo frontend on :%d (router %s) and %d vLLM worker(s) (dtype %s); logs in %s",
+                 self.settings.frontend_port, self.settings.router_mode, len(self.workers), self.dtype, self.run_dir)
         self.frontend = self._launch(self._frontend_spec(self._env))
         for worker in self.workers:
             self.worker_children[worker.index] = self._launch(self._worker_spec(worker, self._env))

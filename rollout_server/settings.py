@@ -66,7 +66,9 @@ class Settings(BaseSettings):
     model: Path | None = Field(None, description="local Hugging Face model directory (default: the tiny model)")
     served_model_name: str | None = Field(None, description="model id clients use (default: the directory name)")
     max_model_len: int = Field(32768, description="context window served, in tokens")
-    dtype: str = Field("auto", description="vLLM dtype (auto: vLLM picks; on CPU it runs float32 checkpoints in bfloat16)")
+    dtype: str = Field("auto", description="vLLM dtype (auto: vLLM's choice, which runs float32 checkpoints in "
+                                          "bfloat16, except on a CPU without native bfloat16 (no AVX512-BF16/AMX), "
+                                          "which would emulate it: there float32 stays float32; engine/compute_dtype.py)")
 
     # The Dynamo stack.
     workers: int = Field(1, ge=1, description="number of aggregated vLLM workers (Dynamo dynamo.vllm processes)")

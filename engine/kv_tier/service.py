@@ -11,7 +11,6 @@ ports are picked at run time); only the master's RPC and metrics ports are bound
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,19 +98,13 @@ def is_ready(tier: KvTierSettings) -> bool:
 
 def describe_capacity(tier: KvTierSettings, model_dir: Path, block_size: int, dtype: str = "auto") -> str:
     """One line for `rollout-serve up`: the tier's size in tokens of this model's stored blocks."""
+    from engine.compute_dtype import kv_cache_dtype
     from engine.kv_tier.formats import KvShape, bytes_per_token, tier_capacity_tokens
 
     shape = KvShape.from_hf_config(model_dir)
-    kv_format = "nvfp4" if tier.nvfp4 else dtype if dtype != "auto" else _auto_dtype(model_dir)
+    kv_format = "nvfp4" if tier.nvfp4 else kv_cache_dtype(dtype, model_dir)
     tokens = tier_capacity_tokens(tier.capacity_bytes, shape, block_size, kv_format)
     return (f"{tier.capacity_gib:g} GiB of host DRAM = {tokens:,} tokens in {kv_format} blocks "
             f"({bytes_per_token(shape, block_size, kv_format):,.1f} bytes/token; "
             f"bf16 blocks: {tier_capacity_tokens(tier.capacity_bytes, shape, block_size, 'bfloat16'):,}); "
             f"mooncake_master on {tier.master_address}")
-
-
-def _auto_dtype(model_dir: Path) -> str:
-    """vLLM's dtype "auto": the checkpoint's, except that float32 checkpoints run in bfloat16."""
-    config = json.loads((model_dir / "config.json").read_text())
-    dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
-    return "bfloat16" if dtype in ("float32", "float") else dtype

@@ -9,6 +9,7 @@ import time
 import httpx
 
 from engine import cpu_placement
+from engine.compute_dtype import cpu_has_native_bf16
 from tests.stack_harness import REPO, start_stack
 
 MODEL = "tiny-qwen2"
@@ -44,6 +45,14 @@ def _check_cpu_placement(stack, worker_group: int) -> None:
         assert os.sched_getaffinity(pid) == others, (pid, _comm(pid))
 
 
+def _check_compute_dtype(stack) -> None:
+    """engine/compute_dtype.py: the tiny float32 checkpoint runs in float32 where this CPU would emulate bfloat16
+    (vLLM's own choice elsewhere), as the engine's configuration line in the worker's log says."""
+    worker_log = (stack.state_dir / f"stack-{stack.frontend_url.rsplit(':', 1)[1]}" / "worker-0.log").read_text()
+    expected = "bfloat16" if cpu_has_native_bf16() else "float32"
+    assert f"dtype=torch.{expected}," in worker_log, worker_log[-2000:]
+
+
 def test_dead_worker_gives_503_then_sigterm_stops_everything(tmp_path):
     stack = start_stack(tmp_path, workers=1)
     try:
@@ -59,6 +68,7 @@ def test_dead_worker_gives_503_then_sigterm_stops_everything(tmp_path):
         assert len(processes) >= 3  # frontend, worker, vLLM engine core
         worker_pid = stack.status()["workers"][0]["pid"]
         _check_cpu_placement(stack, worker_pid)
+        _check_compute_dtype(stack)
         os.killpg(worker_pid, signal.SIGKILL)
 
         started = time.monotonic()
