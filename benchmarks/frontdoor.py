@@ -9,14 +9,15 @@
    `throughput_ratio`: the front door at its defaults over plain vLLM asked for the same
    logprobs. Twice: streamed responses, and whole ones (stream=false); each figure is the
    worse of the two. Ratios are medians of per-round ratios (targets loaded in turn, the
-   order alternating): this machine's speed drifts between loads more than the targets differ.
+   order alternating), with a 90% bootstrap interval: this machine's speed drifts between loads more than
+   the targets differ.
    --all-targets adds plain vLLM asked no logprobs and the front door with capture_logprobs
    off: what the logprobs cost each side.
 2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
 
-Run: .venv/bin/python benchmarks/frontdoor.py   (about 20 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/frontdoor.py   (about 11 minutes on 2 cores)
 Writes benchmarks/results/frontdoor.json.
 """
 
@@ -38,7 +39,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine.compute_dtype import worker_dtype  # noqa: E402
 from engine.cpu_placement import host_cores  # noqa: E402
+from rollout_server.settings import Settings  # noqa: E402
 from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
 from tests.stack_harness import CACHE_DIR, free_port_block, start_stack, wait_until_answering  # noqa: E402
 
@@ -105,7 +108,8 @@ def start_plain_vllm(model_dir: Path, port: int, log: Path, extra_args: tuple[st
            "VLLM_NO_USAGE_STATS": "1"}
     argv = [sys.executable, str(Path(__file__).parent / "vllm_server_like_a_worker.py"), "--model", str(model_dir),
             "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1", "--block-size", "32",
-            "--enforce-eager", "--kv-cache-memory-bytes", str(2**29), "--max-model-len", "32768", *extra_args]
+            "--enforce-eager", "--kv-cache-memory-bytes", str(2**29), "--max-model-len", "32768",
+            "--dtype", worker_dtype(Settings().dtype, model_dir, on_cpu=True), *extra_args]
     proc = subprocess.Popen(argv, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until_answering(f"http://127.0.0.1:{port}/v1/models", proc, log, timeout_s=400)
@@ -280,9 +284,20 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
     return figures
 
 
+def _round_ratios(runs: dict[str, list[dict]], target: str, baseline: str) -> list[float]:
+    """Target / baseline throughput in each round, the round's two loads close in time."""
+    return [t["throughput_tok_s"] / b["throughput_tok_s"] for t, b in zip(runs[target], runs[baseline])]
+
+
 def _paired_ratio(runs: dict[str, list[dict]], target: str, baseline: str) -> float:
-    """The median over rounds of target / baseline throughput, each round's two loads close in time."""
-    return statistics.median(t["throughput_tok_s"] / b["throughput_tok_s"] for t, b in zip(runs[target], runs[baseline]))
+    return statistics.median(_round_ratios(runs, target, baseline))
+
+
+def _interval_90(ratios: list[float]) -> tuple[float, float]:
+    """A 90% bootstrap interval of the median of `ratios`: how closely one run pins the ratio down."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+    return medians[100], medians[1899]
 
 
 def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str]) -> dict:
@@ -297,9 +312,12 @@ def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str]) -> di
     figures["p90_latency_ratio"] = median("front", "p90_s") / median("direct_logprobs", "p90_s")
     figures["engine_cpu_ratio"] = (median("front", "engine_cpu_ms_per_token")
                                    / median("direct_logprobs", "engine_cpu_ms_per_token"))
-    each = [f"{r['throughput_tok_s'] / b['throughput_tok_s']:.2f}" for r, b in zip(runs["front"], runs["direct_logprobs"])]
+    each = _round_ratios(runs, "front", "direct_logprobs")
+    low, high = _interval_90(each)
+    figures |= {"throughput_ratio_interval_90_low": low, "throughput_ratio_interval_90_high": high}
     print(f"   front door / plain vLLM at the same engine work, median of per-round ratios: "
-          f"{figures['throughput_ratio']:.3f}   (rounds: {' '.join(each)})", flush=True)
+          f"{figures['throughput_ratio']:.3f} (90% interval {low:.3f}-{high:.3f}; rounds: "
+          f"{' '.join(f'{r:.2f}' for r in each)})", flush=True)
     if "direct" in runs:
         print(f"   capture_logprobs off / plain vLLM asked no logprobs {figures['ids_only_throughput_ratio']:.3f}; "
               f"defaults / no logprobs {figures['frontdoor_over_plain_throughput_ratio']:.3f}; "
