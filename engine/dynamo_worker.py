@@ -58,7 +58,7 @@ def _patch_stream_interval() -> None:
 
 def _skip_logprob_token_text() -> None:
     """Dynamo's worker decodes the text of every logprob entry's token, one tokenizer call per sampled token
-    (~11% of the worker's time in a streamed load). The front door only asks for ids ("token_id:N",
+    (~11% of the worker's Python samples in a streamed load). The front door only asks for ids ("token_id:N",
     engine/frontend_client.py) and renders text from them (rollout_server/logprobs.py), so no tokenizer
     is passed: the entries carry ids and logprobs, their text is left empty."""
     from dynamo.vllm import handlers
