@@ -86,16 +86,21 @@ def _fork_engine_core() -> None:
     cpu.CpuPlatform.check_and_update_config = classmethod(configure_then_fork)
 
 
+def patch_dynamo() -> None:
+    """Dynamo's vLLM worker as this project runs it: the two imports it lacks here, then our changes."""
+    _patch_qwen2_vl_image_processing()
+    _patch_engine_zmq_addresses()
+    _patch_stream_interval()  # after the two above: it imports dynamo.vllm
+    _skip_logprob_token_text()
+
+
 def main() -> None:
     from vllm.platforms import current_platform
 
     if current_platform.is_cpu():
         _fork_engine_core()
         cpu_placement.run_model_runner_in_engine_core()
-    _patch_qwen2_vl_image_processing()
-    _patch_engine_zmq_addresses()
-    _patch_stream_interval()  # after the two above: it imports dynamo.vllm
-    _skip_logprob_token_text()
+    patch_dynamo()
     sys.argv[0] = "dynamo.vllm"
     runpy.run_module("dynamo.vllm", run_name="__main__", alter_sys=True)
 

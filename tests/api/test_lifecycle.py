@@ -48,7 +48,7 @@ def _check_cpu_placement(stack, worker_group: int) -> None:
 def _check_compute_dtype(stack) -> None:
     """engine/compute_dtype.py: the tiny float32 checkpoint runs in float32 where this CPU would emulate bfloat16
     (vLLM's own choice elsewhere), as the engine's configuration line in the worker's log says."""
-    worker_log = (stack.state_dir / f"stack-{stack.frontend_url.rsplit(':', 1)[1]}" / "worker-0.log").read_text()
+    worker_log = next(stack.state_dir.glob("stack-*/worker-0.log")).read_text()
     expected = "bfloat16" if cpu_has_native_bf16() else "float32"
     assert f"dtype=torch.{expected}," in worker_log, worker_log[-2000:]
 
