@@ -54,7 +54,9 @@ def _check_compute_dtype(stack) -> None:
 
 
 def test_dead_worker_gives_503_then_sigterm_stops_everything(tmp_path):
-    stack = start_stack(tmp_path, workers=1)
+    # Without restarts: the supervisor would start the worker again (tests/pools/test_failover.py), racing the
+    # health check below.
+    stack = start_stack(tmp_path, workers=1, extra_env={"ROLLOUT_SERVE_RESTART_DEAD_WORKERS": "false"})
     try:
         ok = httpx.post(f"{stack.url}/v1/chat/completions", timeout=60,
                         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
