@@ -6,7 +6,9 @@ both on paths a text model never takes (shared/notes/field-notes.md):
   - the embedding worker imports `get_engine_zmq_addresses`, gone from vLLM 0.32.
 We provide those two names so the imports succeed; calling either is an error.
 It also applies the per-request stream interval the front door sends (engine/stream_interval.py),
-leaves out the text of logprob tokens (the front door asks for ids and renders the text itself),
+leaves out what nobody reads of logprob entries (their token text: the front door asks for ids and renders
+the text itself; "top logprobs" that only repeat the sampled token),
+caches vLLM's environment settings once the engine is up (as vLLM's engine core does),
 forks vLLM's engine core rather than spawning it (start-up: ~20 s instead of ~30), and on CPU runs the
 model inside that engine core (engine/cpu_placement.py).
 
@@ -56,19 +58,47 @@ def _patch_stream_interval() -> None:
     handlers.build_sampling_params = stream_interval.honouring_annotation(handlers.build_sampling_params)
 
 
-def _skip_logprob_token_text() -> None:
-    """Dynamo's worker decodes the text of every logprob entry's token, one tokenizer call per sampled token
-    (~11% of the worker's Python samples in a streamed load). The front door only asks for ids ("token_id:N",
-    engine/frontend_client.py) and renders text from them (rollout_server/logprobs.py), so no tokenizer
-    is passed: the entries carry ids and logprobs, their text is left empty."""
+def _lean_logprob_entries() -> None:
+    """Dynamo's worker turns each sampled token's logprobs into entries for the OpenAI response; two parts of
+    that are work nobody reads here:
+    - it decodes the text of every entry's token, one tokenizer call per sampled token (~11% of the worker's
+      Python samples in a streamed load). The front door only asks for ids ("token_id:N",
+      engine/frontend_client.py) and renders text from them (rollout_server/logprobs.py), so no tokenizer
+      is passed: the entries carry ids and logprobs, their text is left empty;
+    - a position whose logprobs hold the sampled token alone (a request for no alternatives, what the front
+      door asks for by default to trace every token's logprob; or for one, when the sampled token is the
+      most likely) is still listed as that position's "top logprobs", which Dynamo's frontend then encodes
+      into every streamed message. When every position of a message is such, the list only repeats
+      `log_probs` and is left out; the front door reads a missing list as "the sampled token alone"."""
     from dynamo.vllm import handlers
 
     extract = handlers.BaseWorkerHandler._extract_logprobs
 
-    def extract_without_text(output, num_output_tokens_so_far, tokenizer=None):
-        return extract(output, num_output_tokens_so_far, tokenizer=None)
+    def extract_lean(output, num_output_tokens_so_far, tokenizer=None):
+        log_probs, top = extract(output, num_output_tokens_so_far, tokenizer=None)
+        if top is not None and all(len(position) == 1 for position in top):
+            top = None
+        return log_probs, top
 
-    handlers.BaseWorkerHandler._extract_logprobs = staticmethod(extract_without_text)
+    handlers.BaseWorkerHandler._extract_logprobs = staticmethod(extract_lean)
+
+
+def _cache_vllm_envs_once_the_engine_is_up() -> None:
+    """vLLM reads its settings from the environment on every access (`vllm.envs`), and its output
+    processing reads one for every request of every engine step (~5% of this process's Python samples in a
+    streamed load). vLLM's engine core caches them once it is built; this process, which only feeds and
+    drains the engine, does the same once the engine is set up (nothing changes them after)."""
+    from dynamo.vllm import main as dynamo_main
+    from vllm.envs import enable_envs_cache
+
+    setup = dynamo_main.setup_vllm_engine
+
+    def setup_then_cache_envs(*args, **kwargs):
+        engine = setup(*args, **kwargs)
+        enable_envs_cache()
+        return engine
+
+    dynamo_main.setup_vllm_engine = setup_then_cache_envs
 
 
 def _fork_engine_core() -> None:
@@ -91,7 +121,8 @@ def patch_dynamo() -> None:
     _patch_qwen2_vl_image_processing()
     _patch_engine_zmq_addresses()
     _patch_stream_interval()  # after the two above: it imports dynamo.vllm
-    _skip_logprob_token_text()
+    _lean_logprob_entries()
+    _cache_vllm_envs_once_the_engine_is_up()
 
 
 def main() -> None:

@@ -84,7 +84,8 @@ def _parse_token_id(entry: str) -> int:
 
 def _parse_choice(choice: dict, token_ids: list[int] | None, top_logprobs: int) -> ChoiceDelta:
     """One choice of a chunk; `token_ids`: its ids when they came without logprobs. Alternatives are read
-    only when asked for: with none asked, Dynamo still lists the sampled token as one."""
+    only when asked for. A position without them held the sampled token alone (our worker leaves such lists
+    out: engine/dynamo_worker.py), so with alternatives asked for, the sampled token was the most likely."""
     if token_ids is not None:
         tokens = [SampledToken(token_id, None, []) for token_id in token_ids]
         return ChoiceDelta(choice.get("index", 0), choice.get("text") or "", tokens, choice.get("finish_reason"))
@@ -92,7 +93,7 @@ def _parse_choice(choice: dict, token_ids: list[int] | None, top_logprobs: int) 
     logprobs = choice.get("logprobs") or {}
     tops = (logprobs.get("top_logprobs") or []) if top_logprobs else []
     for i, (tok, lp) in enumerate(zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [])):
-        alternatives = tops[i] if i < len(tops) and tops[i] else {}
+        alternatives = (tops[i] if i < len(tops) and tops[i] else {tok: lp}) if top_logprobs else {}
         top = sorted(((_parse_token_id(t), float(v)) for t, v in alternatives.items()), key=lambda p: -p[1])
         tokens.append(SampledToken(_parse_token_id(tok), float(lp), top))
     return ChoiceDelta(choice.get("index", 0), choice.get("text") or "", tokens, choice.get("finish_reason"))

@@ -140,6 +140,20 @@ def test_token_id_completion_returns_exact_ids(client, tokenizer):
     assert all(len(top) == 2 for top in choice.logprobs.top_logprobs)
 
 
+def test_one_alternative_of_a_greedy_completion_is_the_sampled_token(client, tokenizer):
+    # The worker leaves out lists holding the sampled token alone (engine/dynamo_worker.py); the front
+    # door still answers with that token as the one alternative, streamed or not.
+    prompt = tokenizer.encode("fn read file path")
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=1)
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=1, stream=True) if c.choices]
+    for logprobs in [whole.choices[0].logprobs] + streamed:
+        assert len(logprobs.top_logprobs) == len(logprobs.tokens) >= 1
+        for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+            assert top == {token: logprob}
+    assert sum(len(lp.tokens) for lp in streamed) == 6
+
+
 def test_text_and_batched_prompts_and_echo(client):
     reply = client.completions.create(model=MODEL, prompt=["first prompt", "second prompt"], max_tokens=3, temperature=0)
     assert [c.index for c in reply.choices] == [0, 1]

@@ -1,4 +1,5 @@
-"""engine/dynamo_worker.py: Dynamo's worker keeps each logprob entry's id and logprob but decodes no text."""
+"""engine/dynamo_worker.py: Dynamo's worker keeps each logprob entry's id and logprob but decodes no text, and
+leaves out "top logprobs" that only repeat the sampled tokens; vLLM's settings are cached once the engine is up."""
 
 from types import SimpleNamespace
 
@@ -28,3 +29,29 @@ def test_logprob_entries_carry_ids_and_logprobs_without_text():
     assert log_probs == [-0.5, -0.25]
     assert [[(e["token_id"], e["logprob"], e["token"]) for e in position] for position in top] == [
         [(7, -0.5, None), (3, -1.5, None)], [(9, -0.25, None)]]
+
+
+def test_top_logprobs_that_only_repeat_the_sampled_tokens_are_left_out():
+    dynamo_worker.patch_dynamo()
+    from dynamo.vllm import handlers
+
+    alone = SimpleNamespace(token_ids=[7, 9], logprobs=[{7: Logprob(-0.5, rank=1)}, {9: Logprob(-0.25, rank=3)}])
+    assert handlers.BaseWorkerHandler._extract_logprobs(alone, 0) == ([-0.5, -0.25], None)
+    # One position with an alternative: every position keeps its list, so they stay aligned with log_probs.
+    mixed = SimpleNamespace(token_ids=[7, 9], logprobs=[{7: Logprob(-0.5, rank=1)},
+                                                         {9: Logprob(-0.25, rank=2), 4: Logprob(-0.1, rank=1)}])
+    log_probs, top = handlers.BaseWorkerHandler._extract_logprobs(mixed, 0)
+    assert log_probs == [-0.5, -0.25] and [[e["token_id"] for e in position] for position in top] == [[7], [9, 4]]
+
+
+def test_vllm_settings_are_cached_once_the_engine_is_set_up(monkeypatch):
+    import vllm.envs
+
+    from dynamo.vllm import main as dynamo_main
+
+    monkeypatch.setattr(dynamo_main, "setup_vllm_engine", lambda *args, **kwargs: "engine")
+    monkeypatch.setattr(vllm.envs, "__getattr__", vllm.envs.__getattr__)  # restored after the test
+    dynamo_worker._cache_vllm_envs_once_the_engine_is_up()
+    assert not vllm.envs._is_envs_cache_enabled()
+    assert dynamo_main.setup_vllm_engine("config") == "engine"
+    assert vllm.envs._is_envs_cache_enabled()
