@@ -13,11 +13,10 @@ import json
 import time
 from dataclasses import dataclass
 
-from fastapi.responses import StreamingResponse
-
 from engine.frontend_client import ChoiceDelta, EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
+from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, running_usage_of, sampling_for,
@@ -153,8 +152,7 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
                             on_choice_finished=None if req.stream else _finish_choice(tool_plan))
     await generation.start()
     if req.stream:
-        return StreamingResponse(_stream(ctx, req, generation, tool_plan), media_type="text/event-stream",
-                                 headers=generation.response_headers())
+        return EventStreamResponse(_stream(ctx, req, generation, tool_plan), headers=generation.response_headers())
     choices = await generation.run_to_end()
     body = {
         "id": engine_request.request_id, "object": "chat.completion", "created": int(generation.created_at),

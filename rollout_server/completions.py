@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import time
 
-from fastapi.responses import StreamingResponse
-
 from engine.frontend_client import EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
+from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, running_usage_of,
@@ -61,8 +60,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
     await start_all(generations)
     first = generations[0]
     if req.stream:
-        return StreamingResponse(_stream(ctx, req, first), media_type="text/event-stream",
-                                 headers=first.response_headers())
+        return EventStreamResponse(_stream(ctx, req, first), headers=first.response_headers())
     per_prompt = await gather_generations(generations)
     choices = []
     for p, (g, results) in enumerate(zip(generations, per_prompt)):
