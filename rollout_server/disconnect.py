@@ -1,8 +1,8 @@
 """A request whose client has gone is given up, so that its worker stops generating for nobody.
 
-A streamed response notices by itself (Starlette ends it on the client's disconnect, and the engine
-stream it was reading is closed). A whole response would run to its end: an RL trainer that timed out, or
-a killed agent, would leave its requests generating. So the handler races the client's disconnect, as
+A streamed response notices by itself (rollout_server/event_stream.py ends it on the client's
+disconnect, and the engine stream it was reading is closed). A whole response would run to its end: an
+RL trainer that timed out, or a killed agent, would leave its requests generating. So the handler races the client's disconnect, as
 vLLM's API server does; the loser is cancelled, and cancelling the handler closes its engine streams,
 which aborts the request on the worker.
 """
@@ -15,6 +15,7 @@ from typing import Awaitable, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.types import Receive
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +28,7 @@ async def unless_disconnected(request: Request, handler: Awaitable[T]) -> T | Re
     """`handler`'s response, or an empty 499 when the client disconnects first (the handler is cancelled).
     A streamed response is returned as soon as it starts, so only the work before it is raced."""
     work = asyncio.ensure_future(handler)
-    gone = asyncio.ensure_future(_disconnect(request))
+    gone = asyncio.ensure_future(until_client_leaves(request.receive))
     try:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -43,7 +44,7 @@ async def unless_disconnected(request: Request, handler: Awaitable[T]) -> T | Re
     return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
-async def _disconnect(request: Request) -> None:
+async def until_client_leaves(receive: Receive) -> None:
     # The body has been read: the next ASGI message can only be the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass

@@ -16,6 +16,8 @@ from typing import AsyncIterator, Mapping
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from rollout_server.disconnect import until_client_leaves
+
 
 class EventStreamResponse(Response):
     media_type = "text/event-stream"
@@ -34,7 +36,7 @@ class EventStreamResponse(Response):
             if not finished and not watch.cancelled() and watch.exception() is None:
                 sending.cancel()
 
-        watch = asyncio.ensure_future(_client_leaves(receive))
+        watch = asyncio.ensure_future(until_client_leaves(receive))
         watch.add_done_callback(stop_sending)
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
@@ -48,9 +50,3 @@ class EventStreamResponse(Response):
         finally:
             finished = True
             watch.cancel()
-
-
-async def _client_leaves(receive: Receive) -> None:
-    # The request body has been read: the next ASGI message can only be the disconnect.
-    while (await receive())["type"] != "http.disconnect":
-        pass
