@@ -2,9 +2,9 @@
 
 A streamed response notices by itself (rollout_server/event_stream.py ends it on the client's
 disconnect, and the engine stream it was reading is closed). A whole response would run to its end: an
-RL trainer that timed out, or a killed agent, would leave its requests generating. So the handler races the client's disconnect, as
-vLLM's API server does; the loser is cancelled, and cancelling the handler closes its engine streams,
-which aborts the request on the worker.
+RL trainer that timed out, or a killed agent, would leave its requests generating. So the handler races
+the client's disconnect, as vLLM's API server does; the loser is cancelled, and cancelling the handler
+closes its engine streams, which aborts the request on the worker.
 """
 
 from __future__ import annotations

@@ -30,21 +30,20 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sending = asyncio.current_task()
+        watch = asyncio.ensure_future(until_client_leaves(receive))
         finished = False
 
-        def stop_sending(watch: asyncio.Task) -> None:
-            if not finished and not watch.cancelled() and watch.exception() is None:
-                sending.cancel()
+        def client_left() -> bool:
+            return watch.done() and not watch.cancelled() and watch.exception() is None
 
-        watch = asyncio.ensure_future(until_client_leaves(receive))
-        watch.add_done_callback(stop_sending)
+        watch.add_done_callback(lambda _: finished or not client_left() or sending.cancel())
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for event in self.events:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not (watch.done() and not watch.cancelled()):
+            if not client_left():
                 raise  # cancelled by someone else (the server is shutting down)
             sending.uncancel()  # the client left: nobody is there to send the rest to
         finally:
