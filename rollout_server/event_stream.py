@@ -36,7 +36,11 @@ class EventStreamResponse(Response):
         def client_left() -> bool:
             return watch.done() and not watch.cancelled() and watch.exception() is None
 
-        watch.add_done_callback(lambda _: finished or not client_left() or sending.cancel())
+        def stop_sending_if_the_client_left(_: asyncio.Task) -> None:
+            if not finished and client_left():
+                sending.cancel()
+
+        watch.add_done_callback(stop_sending_if_the_client_left)
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for event in self.events:
