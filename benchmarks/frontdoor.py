@@ -13,6 +13,9 @@
    the targets differ.
    --all-targets adds plain vLLM asked no logprobs and the front door with capture_logprobs
    off: what the logprobs cost each side.
+   Why the ratios differ, per target: the median time to first token under the load, and the
+   tokens each engine step generated (from vLLM's own metrics): a request that takes longer to
+   reach the engine leaves its slot of the batch empty meanwhile (`tokens_per_step_ratio`).
 2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
@@ -41,6 +44,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.compute_dtype import worker_dtype  # noqa: E402
 from engine.cpu_placement import host_cores  # noqa: E402
+from engine.stack import vllm_counter  # noqa: E402
 from rollout_server.settings import Settings  # noqa: E402
 from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
 from tests.stack_harness import CACHE_DIR, free_port_block, start_stack, wait_until_answering  # noqa: E402
@@ -96,7 +100,8 @@ async def run_load(url: str, model: str, requests: int, concurrency: int, prompt
         wall = time.perf_counter() - start
     latencies = sorted(r["latency"] for r in results)
     return {"throughput_tok_s": sum(r["tokens"] for r in results) / wall, "tokens": sum(r["tokens"] for r in results),
-            "p50_s": latencies[len(latencies) // 2], "p90_s": latencies[int(len(latencies) * 0.9)]}
+            "p50_s": latencies[len(latencies) // 2], "p90_s": latencies[int(len(latencies) * 0.9)],
+            "ttft_p50_s": statistics.median(r["ttft"] for r in results)}
 
 
 # ---- the plain vLLM baseline -------------------------------------------------------------
@@ -129,6 +134,13 @@ def cpu_seconds(pids: list[int]) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def engine_steps(metrics_port: int) -> tuple[float, float]:
+    """(engine steps, generated tokens) so far, from the vLLM metrics served on `metrics_port` (the plain
+    server's port; a Dynamo worker's system port)."""
+    return (vllm_counter(metrics_port, "vllm:iteration_tokens_total_count"),
+            vllm_counter(metrics_port, "vllm:generation_tokens_total"))
 
 
 def host_processes(stack) -> list[int]:
@@ -249,8 +261,10 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
     # Dynamo's frontend and Dynamo's worker process), and in the engine (its scheduler and model)
     host = {name: host_processes(s) for name, s in stacks.items()}
     engine = {name: engine_processes(s.child_pids()) for name, s in stacks.items()}
+    metrics_port = {name: s.worker_system_port for name, s in stacks.items()}
     for name in ("direct", "direct_logprobs"):
         host[name], engine[name] = [vllm.pid], engine_processes([vllm.pid])
+        metrics_port[name] = port
     figures = {}
     every_core = os.sched_getaffinity(0)
     # The load generator stays off the engine's core (0), as clients on other machines would.
@@ -268,14 +282,17 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
                 for name in list(targets)[shift:] + list(targets)[:shift]:
                     url, extra = targets[name]
                     before, engine_before = cpu_seconds(host[name]), cpu_seconds(engine[name])
+                    steps_before = engine_steps(metrics_port[name])
                     run = asyncio.run(run_load(url, MODEL, **load, stream=stream, extra=extra))
+                    steps, generated = (a - b for a, b in zip(engine_steps(metrics_port[name]), steps_before))
+                    run["tokens_per_step"] = generated / max(1.0, steps)
                     run["host_cpu_ms_per_token"] = 1000 * (cpu_seconds(host[name]) - before) / max(1, run["tokens"])
                     run["engine_cpu_ms_per_token"] = (1000 * (cpu_seconds(engine[name]) - engine_before)
                                                       / max(1, run["tokens"]))
                     time.sleep(SETTLE_S)  # every server is idle before the next one is loaded
                     runs[name].append(run)
             suffix = ("_streamed" if interval == 1 else f"_streamed_interval_{interval}") if stream else "_unstreamed"
-            figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs, labels).items()})
+            figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs, labels, stream).items()})
     finally:
         os.sched_setaffinity(0, every_core)
         for stack in stacks.values():
@@ -300,7 +317,7 @@ def _interval_90(ratios: list[float]) -> tuple[float, float]:
     return medians[100], medians[1899]
 
 
-def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str]) -> dict:
+def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str], streamed: bool) -> dict:
     median = lambda name, key: statistics.median(r[key] for r in runs[name])  # noqa: E731
     for name in runs:
         each = " ".join(f"{r['throughput_tok_s']:.0f}" for r in runs[name])
@@ -312,6 +329,12 @@ def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str]) -> di
     figures["p90_latency_ratio"] = median("front", "p90_s") / median("direct_logprobs", "p90_s")
     figures["engine_cpu_ratio"] = (median("front", "engine_cpu_ms_per_token")
                                    / median("direct_logprobs", "engine_cpu_ms_per_token"))
+    figures["tokens_per_step_ratio"] = median("front", "tokens_per_step") / median("direct_logprobs", "tokens_per_step")
+    first_token = (f"; time to first token p50: {1000 * median('front', 'ttft_p50_s'):.0f} vs "
+                   f"{1000 * median('direct_logprobs', 'ttft_p50_s'):.0f} ms" if streamed else "")
+    print(f"   generated tokens per engine step: front door {median('front', 'tokens_per_step'):.2f}, plain vLLM "
+          f"{median('direct_logprobs', 'tokens_per_step'):.2f} (ratio {figures['tokens_per_step_ratio']:.3f})"
+          f"{first_token}", flush=True)
     each = _round_ratios(runs, "front", "direct_logprobs")
     low, high = _interval_90(each)
     figures |= {"throughput_ratio_interval_90_low": low, "throughput_ratio_interval_90_high": high}
@@ -327,7 +350,10 @@ def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str]) -> di
         figures |= {f"{name}_throughput_tok_s": median(name, "throughput_tok_s"), f"{name}_p50_s": median(name, "p50_s"),
                     f"{name}_p90_s": median(name, "p90_s"),
                     f"{name}_host_cpu_ms_per_token": median(name, "host_cpu_ms_per_token"),
-                    f"{name}_engine_cpu_ms_per_token": median(name, "engine_cpu_ms_per_token")}
+                    f"{name}_engine_cpu_ms_per_token": median(name, "engine_cpu_ms_per_token"),
+                    f"{name}_tokens_per_step": median(name, "tokens_per_step")}
+        if streamed:
+            figures[f"{name}_ttft_p50_s"] = median(name, "ttft_p50_s")
     return figures
 
 

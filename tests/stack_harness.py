@@ -48,6 +48,11 @@ class RunningStack:
         host, port = self.url.rsplit(":", 1)
         return f"{host}:{int(port) + 1}"
 
+    @property
+    def worker_system_port(self) -> int:
+        """Worker 0's Dynamo system port, which also serves vLLM's metrics (start_stack: front door's port + 2)."""
+        return int(self.url.rsplit(":", 1)[1]) + 2
+
     def status(self) -> dict:
         return httpx.get(f"{self.url}/v1/status", timeout=10).json()
 
