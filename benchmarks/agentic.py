@@ -205,10 +205,9 @@ def run_stack(name: str, tmp: Path, w: Workload, workers: int, args: list[str], 
     nixl = ["--nixl-side-channel-base-port", str(free_port_block(workers, start=31500))]
     stack = start_stack(tmp / name, workers=workers, extra_args=args + nixl, timeout_s=900,
                         extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false", **(env or {})})
-    first_system_port = int(stack.url.rsplit(":", 1)[1]) + 2  # start_stack's port layout
     try:
         summary = summarize(asyncio.run(replay(stack.url, w)))
-        ports = [first_system_port + i for i in range(workers)]
+        ports = [stack.worker_system_port(i) for i in range(workers)]
         summary["queue_time_mean_s_worker0"] = (vllm_counter(ports[0], "vllm:request_queue_time_seconds_sum")
                                                 / max(1.0, vllm_counter(ports[0], "vllm:request_queue_time_seconds_count")))
         for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):

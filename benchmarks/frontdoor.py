@@ -261,7 +261,7 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
     # Dynamo's frontend and Dynamo's worker process), and in the engine (its scheduler and model)
     host = {name: host_processes(s) for name, s in stacks.items()}
     engine = {name: engine_processes(s.child_pids()) for name, s in stacks.items()}
-    metrics_port = {name: s.worker_system_port for name, s in stacks.items()}
+    metrics_port = {name: s.worker_system_port() for name, s in stacks.items()}
     for name in ("direct", "direct_logprobs"):
         host[name], engine[name] = [vllm.pid], engine_processes([vllm.pid])
         metrics_port[name] = port

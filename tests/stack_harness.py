@@ -48,10 +48,9 @@ class RunningStack:
         host, port = self.url.rsplit(":", 1)
         return f"{host}:{int(port) + 1}"
 
-    @property
-    def worker_system_port(self) -> int:
-        """Worker 0's Dynamo system port, which also serves vLLM's metrics (start_stack: front door's port + 2)."""
-        return int(self.url.rsplit(":", 1)[1]) + 2
+    def worker_system_port(self, worker: int = 0) -> int:
+        """Worker i's Dynamo system port, which also serves vLLM's metrics (start_stack: front door's port + 2 + i)."""
+        return int(self.url.rsplit(":", 1)[1]) + 2 + worker
 
     def status(self) -> dict:
         return httpx.get(f"{self.url}/v1/status", timeout=10).json()

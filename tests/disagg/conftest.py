@@ -102,10 +102,8 @@ def disagg_stack(tmp_path_factory, aggregated_reference) -> DisaggStack:
         extra_args=["--prefill-workers", str(PREFILL_WORKERS), "--decode-workers", str(DECODE_WORKERS),
                     "--nixl-side-channel-base-port", str(nixl_base)],
         extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false"}, timeout_s=600)
-    # start_stack's port layout: worker i's system port is front-door port + 2 + i, its KV events port
-    # front-door port + 2 + workers + i.
-    first_system_port = int(running.url.rsplit(":", 1)[1]) + 2
     roles = ["prefill"] * PREFILL_WORKERS + ["decode"] * DECODE_WORKERS
-    yield DisaggStack(running, [WorkerPorts(role, first_system_port + i, first_system_port + total + i)
+    # start_stack's port layout: worker i's KV events port comes `total` ports after its system port
+    yield DisaggStack(running, [WorkerPorts(role, running.worker_system_port(i), running.worker_system_port(i) + total)
                                 for i, role in enumerate(roles)])
     running.stop()
