@@ -9,15 +9,13 @@ NVFP4 objects -> caches, and the same attention rows are compared against BF16 K
 import math
 
 import pytest
-import torch
 
 from benchmarks.kv_formats import accuracy_report, attention_rows, capture_activations
-from engine.kv_tier.blocks import BlockCodec, kernel_view
 from rollout_server.settings import Settings
 from rollout_server.tiny_model import resolve_model
+from tests.kv_tier.tier_reference import through_the_tier
 from tests.stack_harness import CACHE_DIR
 
-BS = 32
 MARGIN = 1.05  # the tier's error may exceed the kernels' figure by at most 5%
 
 
@@ -25,22 +23,6 @@ MARGIN = 1.05  # the tier's error may exceed the kernels' figure by at most 5%
 def activations():
     model_dir, _ = resolve_model(Settings(cache_dir=CACHE_DIR))  # the tiny model, or ROLLOUT_SERVE_MODEL
     return capture_activations(model_dir)
-
-
-def through_the_tier(k: torch.Tensor, v: torch.Tensor, nvfp4: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """K, V [seq, heads, head_dim] -> BF16 cache blocks -> tier objects -> back; the partial last block stays."""
-    seq, heads, head_dim = k.shape
-    full = seq // BS * BS
-    content = torch.cat((k[:full], v[:full]), dim=-1).bfloat16()  # [tokens, heads, K|V]
-    cache = content.view(full // BS, BS, heads, 2 * head_dim).permute(0, 2, 1, 3).contiguous()
-    codec = BlockCodec.for_caches([cache], nvfp4)
-    ids = list(range(cache.shape[0]))
-    out = torch.zeros_like(cache)
-    codec.write_blocks(codec.read_blocks([kernel_view(cache)], ids), [kernel_view(out)], ids)
-    back = out.permute(0, 2, 1, 3).reshape(full, heads, 2 * head_dim).float()
-    k2, v2 = k.bfloat16().float(), v.bfloat16().float()
-    k2[:full], v2[:full] = back[..., :head_dim], back[..., head_dim:]
-    return k2, v2
 
 
 def relative_error_vs_bf16(activations, nvfp4: bool) -> float:

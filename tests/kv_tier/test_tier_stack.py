@@ -6,6 +6,7 @@ model's KV is 4 layers x 2 KV heads x (K, V) x 64 dims x 2 bytes = 2 KiB per tok
 32-token block.
 """
 
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -13,11 +14,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
 from engine.kv_tier import service
 from engine.kv_tier.policy import write_policy_version
 from engine.kv_tier.settings import KvTierSettings
-from tests.stack_harness import RunningStack, free_port_block, start_stack
+from rollout_server.settings import Settings
+from rollout_server.tiny_model import resolve_model
+from tests.kv_tier.tier_reference import next_token_logprobs
+from tests.stack_harness import CACHE_DIR, RunningStack, free_port_block, start_stack
 
 pytestmark = pytest.mark.stack
 
@@ -125,24 +130,40 @@ def test_an_evicted_prefix_is_loaded_back_from_the_tier(tier_stack):
             assert w.keys() == c.keys()
             assert all(abs(w[t] - c[t]) < 1e-3 for t in c)
     else:
-        assert_close_first_token(cold, warm)
+        assert_first_token_as_the_reference(prompt, cold, warm)
 
 
-NVFP4_MAX_LOGPROB_SHIFT = 0.1  # nats; measured 0.03 (tests/kv_tier/test_nvfp4_accuracy.py bounds the KV error itself)
+# The workers compute in bfloat16, the reference in float32: the first token's top-5 probabilities agree within
+# ~0.005. NVFP4 KV moves them by up to ~0.05 on the tiny model (0.1-0.4 nats; it depends on the weights), which the
+# reference reproduces (tests/kv_tier/test_nvfp4_accuracy.py bounds the KV error itself).
+REFERENCE_TOLERANCE = 0.015  # probability
 
 
-def assert_close_first_token(cold: Completion, warm: Completion) -> None:
-    """NVFP4 KV is lossy: the first token after the loaded prefix must stay the greedy one, its top-5 barely move."""
-    first_warm, first_cold = warm.top_logprobs[0], cold.top_logprobs[0]
-    shifts = {t: abs(first_warm[t] - first_cold[t]) for t in first_warm.keys() & first_cold.keys()}
-    print(f"NVFP4 tier: greedy tokens equal for {_common_prefix(cold.token_ids, warm.token_ids)}/{MAX_TOKENS}, "
-          f"first-token top-5 logprob shifts {sorted(shifts.values())}")
-    assert warm.token_ids[0] == cold.token_ids[0]
-    assert max(shifts.values()) < NVFP4_MAX_LOGPROB_SHIFT
+def assert_first_token_as_the_reference(prompt: list[int], cold: Completion, warm: Completion) -> None:
+    """NVFP4 KV is lossy: the first token after the loaded prefix is what the CPU reference predicts with the
+    prefix's KV through the tier's NVFP4 codec; the cold one what it predicts without the tier."""
+    model_dir, _ = resolve_model(Settings(cache_dir=CACHE_DIR))
+    stored = LOADABLE_BLOCKS * BLOCK
+    lossless = next_token_logprobs(model_dir, prompt, stored, nvfp4=False).exp()
+    nvfp4 = next_token_logprobs(model_dir, prompt, stored, nvfp4=True).exp()
+    served_cold, served_warm = first_token_probs(cold), first_token_probs(warm)
+    cold_gap, warm_gap = gap(served_cold, lossless), gap(served_warm, nvfp4)
+    nvfp4_effect = gap({t: nvfp4[t].item() for t in served_warm}, lossless)
+    print(f"first-token top-5 probabilities minus the reference's: cold {cold_gap:.4f}, through the NVFP4 tier "
+          f"{warm_gap:.4f}; NVFP4 moves the reference's by {nvfp4_effect:.4f}")
+    assert cold.token_ids[0] == lossless.argmax().item() and warm.token_ids[0] == nvfp4.argmax().item()
+    assert cold_gap < REFERENCE_TOLERANCE and warm_gap < REFERENCE_TOLERANCE
+    if nvfp4_effect > 2 * REFERENCE_TOLERANCE:  # then the served token must have moved with it (not kept BF16 KV)
+        assert gap(served_warm, lossless) > REFERENCE_TOLERANCE
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+def first_token_probs(served: Completion) -> dict[int, float]:
+    return {int(t.removeprefix("token_id:")): math.exp(lp) for t, lp in served.top_logprobs[0].items()}
+
+
+def gap(probs: dict[int, float], reference: torch.Tensor) -> float:
+    """The largest difference between the tokens' probabilities and the reference's."""
+    return max(abs(p - reference[t].item()) for t, p in probs.items())
 
 
 def test_after_a_policy_version_change_nothing_is_loaded_from_the_tier(tier_stack):
