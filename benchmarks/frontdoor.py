@@ -8,9 +8,12 @@
    the plain server does only when its client asks; so the baseline's client asks for them too.
    `throughput_ratio`: the front door at its defaults over plain vLLM asked for the same
    logprobs. Twice: streamed responses, and whole ones (stream=false); each figure is the
-   worse of the two. Ratios are medians of per-round ratios (targets loaded in turn, the
-   order alternating), with a 90% bootstrap interval: this machine's speed drifts between loads more than
-   the targets differ.
+   worse of the two. The same load also goes to that stack's Dynamo frontend directly, asked
+   what the front door asks of it (`dynamo_throughput_ratio`: Dynamo's frontend and worker
+   without the front door, over plain vLLM; `frontdoor_over_dynamo_throughput_ratio`: what the
+   front door costs on top). Ratios are medians of per-round ratios (targets loaded in turn,
+   the order rotating), with a 90% bootstrap interval: this machine's speed drifts between
+   loads more than the targets differ.
    --all-targets adds plain vLLM asked no logprobs and the front door with capture_logprobs
    off: what the logprobs cost each side.
    Why the ratios differ, per target: the median time to first token under the load, and the
@@ -20,7 +23,7 @@
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
 
-Run: .venv/bin/python benchmarks/frontdoor.py   (about 11 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/frontdoor.py   (about 10 minutes on 2 cores)
 Writes benchmarks/results/frontdoor.json.
 """
 
@@ -42,6 +45,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine import stream_interval  # noqa: E402
 from engine.compute_dtype import worker_dtype  # noqa: E402
 from engine.cpu_placement import host_cores  # noqa: E402
 from engine.stack import vllm_counter  # noqa: E402
@@ -226,6 +230,9 @@ HEADLINE = {  # name -> what it is: the pair `throughput_ratio` compares, doing 
     "direct_logprobs": "plain vLLM, client asks logprobs",
     "front": "front door (defaults)",
 }
+SPLIT = {  # where the front door path's cost lies: the same stack's Dynamo frontend, asked what the front door asks
+    "dynamo": "Dynamo frontend directly",
+}
 LOGPROB_STUDY = {  # --all-targets: what the logprobs cost each side
     "direct": "plain vLLM",
     "front_ids_only": "front door, capture_logprobs off",
@@ -236,7 +243,18 @@ RATIOS = {  # figure -> (target, baseline), each computed when both were measure
     "frontdoor_over_plain_throughput_ratio": ("front", "direct"),
     "plain_logprobs_throughput_ratio": ("direct_logprobs", "direct"),
     "capture_logprobs_throughput_ratio": ("front", "front_ids_only"),
+    "dynamo_throughput_ratio": ("dynamo", "direct_logprobs"),
+    "frontdoor_over_dynamo_throughput_ratio": ("front", "dynamo"),
 }
+
+
+def dynamo_direct_body(stream: bool) -> dict:
+    """What the front door adds to each request it sends Dynamo's frontend (engine/frontend_client.py): the
+    sampled tokens' logprobs and, for a whole response, its stream interval setting (whole responses travel
+    from the worker in messages of that many tokens)."""
+    if stream:
+        return SAMPLED_LOGPROBS
+    return {**SAMPLED_LOGPROBS, "nvext": {"annotations": [stream_interval.annotation(Settings().unstreamed_interval)]}}
 
 
 def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[bool, ...], rounds: int,
@@ -253,10 +271,14 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
         stacks["front_ids_only"] = start_stack(tmp / "front-ids-only", workers=1, extra_args=interval_args,
                                                extra_env={"ROLLOUT_SERVE_TRACES__CAPTURE_LOGPROBS": "false"})
     direct = f"http://127.0.0.1:{port}"
-    targets = {"direct_logprobs": (direct, SAMPLED_LOGPROBS), **{name: (s.url, {}) for name, s in stacks.items()}}
+    either = lambda fields: {True: fields, False: fields}  # noqa: E731
+    # name -> (url, {streamed: the extra request fields})
+    targets = {"direct_logprobs": (direct, either(SAMPLED_LOGPROBS)),
+               **{name: (s.url, either({})) for name, s in stacks.items()},
+               "dynamo": (stacks["front"].frontend_url, {stream: dynamo_direct_body(stream) for stream in (True, False)})}
     if all_targets:
-        targets["direct"] = (direct, {})
-    labels = {**HEADLINE, **LOGPROB_STUDY}
+        targets["direct"] = (direct, either({}))
+    labels = {**HEADLINE, **SPLIT, **LOGPROB_STUDY}
     # CPU spent outside vLLM's engine per completion token (the plain server's API process; the front door,
     # Dynamo's frontend and Dynamo's worker process), and in the engine (its scheduler and model)
     host = {name: host_processes(s) for name, s in stacks.items()}
@@ -265,6 +287,8 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
     for name in ("direct", "direct_logprobs"):
         host[name], engine[name] = [vllm.pid], engine_processes([vllm.pid])
         metrics_port[name] = port
+    host["dynamo"] = [pid for pid in host["front"] if pid != stacks["front"].process.pid]
+    engine["dynamo"], metrics_port["dynamo"] = engine["front"], metrics_port["front"]
     figures = {}
     every_core = os.sched_getaffinity(0)
     # The load generator stays off the engine's core (0), as clients on other machines would.
@@ -276,14 +300,14 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
                   "rounds", flush=True)
             runs: dict[str, list[dict]] = {name: [] for name in targets}
             for url, extra in targets.values():  # a first full load is slow on every server (new batch shapes)
-                asyncio.run(run_load(url, MODEL, **load, stream=stream, extra=extra))
+                asyncio.run(run_load(url, MODEL, **load, stream=stream, extra=extra[stream]))
             for round_ in range(rounds):  # every server stays up; the order rotates to cancel drift
                 shift = round_ % len(targets)
                 for name in list(targets)[shift:] + list(targets)[:shift]:
                     url, extra = targets[name]
                     before, engine_before = cpu_seconds(host[name]), cpu_seconds(engine[name])
                     steps_before = engine_steps(metrics_port[name])
-                    run = asyncio.run(run_load(url, MODEL, **load, stream=stream, extra=extra))
+                    run = asyncio.run(run_load(url, MODEL, **load, stream=stream, extra=extra[stream]))
                     steps, generated = (a - b for a, b in zip(engine_steps(metrics_port[name]), steps_before))
                     run["tokens_per_step"] = generated / max(1.0, steps)
                     run["host_cpu_ms_per_token"] = 1000 * (cpu_seconds(host[name]) - before) / max(1, run["tokens"])
@@ -341,6 +365,8 @@ def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str], strea
     print(f"   front door / plain vLLM at the same engine work, median of per-round ratios: "
           f"{figures['throughput_ratio']:.3f} (90% interval {low:.3f}-{high:.3f}; rounds: "
           f"{' '.join(f'{r:.2f}' for r in each)})", flush=True)
+    print(f"   of which Dynamo's frontend and worker / plain vLLM {figures['dynamo_throughput_ratio']:.3f}, "
+          f"the front door on top of Dynamo {figures['frontdoor_over_dynamo_throughput_ratio']:.3f}", flush=True)
     if "direct" in runs:
         print(f"   capture_logprobs off / plain vLLM asked no logprobs {figures['ids_only_throughput_ratio']:.3f}; "
               f"defaults / no logprobs {figures['frontdoor_over_plain_throughput_ratio']:.3f}; "
