@@ -134,8 +134,8 @@ def test_an_evicted_prefix_is_loaded_back_from_the_tier(tier_stack):
 
 
 # The workers compute in bfloat16, the reference in float32: the first token's top-5 probabilities agree within
-# ~0.005. NVFP4 KV moves them by up to ~0.05 on the tiny model (0.1-0.4 nats; it depends on the weights), which the
-# reference reproduces (tests/kv_tier/test_nvfp4_accuracy.py bounds the KV error itself).
+# ~0.005. How far NVFP4 KV moves them depends on the weights (one build of the tiny model: ~0.05, 0.1-0.4 nats;
+# another: under 0.07 nats), which the reference reproduces (test_nvfp4_accuracy.py bounds the KV error itself).
 REFERENCE_TOLERANCE = 0.015  # probability
 
 
