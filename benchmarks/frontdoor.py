@@ -18,7 +18,9 @@
    off: what the logprobs cost each side.
    Why the ratios differ, per target: the median time to first token under the load, and the
    tokens each engine step generated (from vLLM's own metrics): a request that takes longer to
-   reach the engine leaves its slot of the batch empty meanwhile (`tokens_per_step_ratio`).
+   reach the engine leaves its slot of the batch empty meanwhile (`tokens_per_step_ratio`), and
+   the time a request spends outside the engine (`*_path_ms`: client latency less vLLM's own
+   request latency, arrival at its engine client to the last token).
 2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
@@ -93,7 +95,7 @@ async def run_load(url: str, model: str, requests: int, concurrency: int, prompt
     queue = list(prompts)
     results = []
     async with httpx.AsyncClient(timeout=600) as http:
-        await one_request(http, url, prompts[0][:16], 4, model)  # warm-up
+        warm_up = await one_request(http, url, prompts[0][:16], 4, model)
 
         async def worker():
             while queue:
@@ -105,7 +107,8 @@ async def run_load(url: str, model: str, requests: int, concurrency: int, prompt
     latencies = sorted(r["latency"] for r in results)
     return {"throughput_tok_s": sum(r["tokens"] for r in results) / wall, "tokens": sum(r["tokens"] for r in results),
             "p50_s": latencies[len(latencies) // 2], "p90_s": latencies[int(len(latencies) * 0.9)],
-            "ttft_p50_s": statistics.median(r["ttft"] for r in results)}
+            "ttft_p50_s": statistics.median(r["ttft"] for r in results),
+            "requests": len(results) + 1, "latency_sum_s": sum(latencies) + warm_up["latency"]}
 
 
 # ---- the plain vLLM baseline -------------------------------------------------------------
@@ -145,6 +148,12 @@ def engine_steps(metrics_port: int) -> tuple[float, float]:
     server's port; a Dynamo worker's system port)."""
     return (vllm_counter(metrics_port, "vllm:iteration_tokens_total_count"),
             vllm_counter(metrics_port, "vllm:generation_tokens_total"))
+
+
+def engine_seconds(metrics_port: int) -> float:
+    """The seconds requests have spent in vLLM so far, each from arrival at its engine client to its last
+    token (vllm:e2e_request_latency_seconds)."""
+    return vllm_counter(metrics_port, "vllm:e2e_request_latency_seconds_sum")
 
 
 def host_processes(stack) -> list[int]:
@@ -306,10 +315,12 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
                 for name in list(targets)[shift:] + list(targets)[:shift]:
                     url, extra = targets[name]
                     before, engine_before = cpu_seconds(host[name]), cpu_seconds(engine[name])
-                    steps_before = engine_steps(metrics_port[name])
+                    steps_before, in_engine_before = engine_steps(metrics_port[name]), engine_seconds(metrics_port[name])
                     run = asyncio.run(run_load(url, MODEL, **load, stream=stream, extra=extra[stream]))
                     steps, generated = (a - b for a, b in zip(engine_steps(metrics_port[name]), steps_before))
                     run["tokens_per_step"] = generated / max(1.0, steps)
+                    in_engine = engine_seconds(metrics_port[name]) - in_engine_before
+                    run["path_ms"] = 1000 * (run["latency_sum_s"] - in_engine) / run["requests"]
                     run["host_cpu_ms_per_token"] = 1000 * (cpu_seconds(host[name]) - before) / max(1, run["tokens"])
                     run["engine_cpu_ms_per_token"] = (1000 * (cpu_seconds(engine[name]) - engine_before)
                                                       / max(1, run["tokens"]))
@@ -359,6 +370,8 @@ def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str], strea
     print(f"   generated tokens per engine step: front door {median('front', 'tokens_per_step'):.2f}, plain vLLM "
           f"{median('direct_logprobs', 'tokens_per_step'):.2f} (ratio {figures['tokens_per_step_ratio']:.3f})"
           f"{first_token}", flush=True)
+    print("   a request's time outside the engine (client latency less vLLM's own): "
+          + ", ".join(f"{labels[name]} {median(name, 'path_ms'):.1f} ms" for name in runs), flush=True)
     each = _round_ratios(runs, "front", "direct_logprobs")
     low, high = _interval_90(each)
     figures |= {"throughput_ratio_interval_90_low": low, "throughput_ratio_interval_90_high": high}
@@ -377,7 +390,7 @@ def _overhead_figures(runs: dict[str, list[dict]], labels: dict[str, str], strea
                     f"{name}_p90_s": median(name, "p90_s"),
                     f"{name}_host_cpu_ms_per_token": median(name, "host_cpu_ms_per_token"),
                     f"{name}_engine_cpu_ms_per_token": median(name, "engine_cpu_ms_per_token"),
-                    f"{name}_tokens_per_step": median(name, "tokens_per_step")}
+                    f"{name}_tokens_per_step": median(name, "tokens_per_step"), f"{name}_path_ms": median(name, "path_ms")}
         if streamed:
             figures[f"{name}_ttft_p50_s"] = median(name, "ttft_p50_s")
     return figures

@@ -89,13 +89,17 @@ def _parse_choice(choice: dict, token_ids: list[int] | None, top_logprobs: int) 
     if token_ids is not None:
         tokens = [SampledToken(token_id, None, []) for token_id in token_ids]
         return ChoiceDelta(choice.get("index", 0), choice.get("text") or "", tokens, choice.get("finish_reason"))
-    tokens = []
     logprobs = choice.get("logprobs") or {}
-    tops = (logprobs.get("top_logprobs") or []) if top_logprobs else []
-    for i, (tok, lp) in enumerate(zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [])):
-        alternatives = (tops[i] if i < len(tops) and tops[i] else {tok: lp}) if top_logprobs else {}
-        top = sorted(((_parse_token_id(t), float(v)) for t, v in alternatives.items()), key=lambda p: -p[1])
-        tokens.append(SampledToken(_parse_token_id(tok), float(lp), top))
+    sampled = zip(logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [])
+    if not top_logprobs:  # the default: every streamed token passes here
+        tokens = [SampledToken(_parse_token_id(tok), float(lp), []) for tok, lp in sampled]
+    else:
+        tops = logprobs.get("top_logprobs") or []
+        tokens = []
+        for i, (tok, lp) in enumerate(sampled):
+            alternatives = tops[i] if i < len(tops) and tops[i] else {tok: lp}
+            top = sorted(((_parse_token_id(t), float(v)) for t, v in alternatives.items()), key=lambda p: -p[1])
+            tokens.append(SampledToken(_parse_token_id(tok), float(lp), top))
     return ChoiceDelta(choice.get("index", 0), choice.get("text") or "", tokens, choice.get("finish_reason"))
 
 

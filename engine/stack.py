@@ -435,12 +435,16 @@ def worker_health(system_port: int) -> dict:
         return {}
 
 
-_VLLM_SAMPLE = re.compile(r'^(vllm:[a-z_]+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)$')
+_VLLM_SAMPLE = re.compile(r'^(vllm:[a-z0-9_]+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)$')
 
 
 def vllm_counter(system_port: int, name: str, **labels: str) -> float:
     """The sum of a vLLM metric's samples on a worker's system port whose labels include `labels`."""
-    text = LOOPBACK.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text
+    return metric_total(LOOPBACK.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text, name, **labels)
+
+
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """The sum of a vLLM metric's samples in a Prometheus text page whose labels include `labels`."""
     total = 0.0
     for line in text.splitlines():
         match = _VLLM_SAMPLE.match(line)

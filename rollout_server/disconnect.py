@@ -27,21 +27,42 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for it; nobody reads it
 async def unless_disconnected(request: Request, handler: Awaitable[T]) -> T | Response:
     """`handler`'s response, or an empty 499 when the client disconnects first (the handler is cancelled).
     A streamed response is returned as soon as it starts, so only the work before it is raced."""
-    work = asyncio.ensure_future(handler)
-    gone = asyncio.ensure_future(until_client_leaves(request.receive))
+    watch = ClientWatch(request.receive)
     try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-    if work.done():
-        return work.result()
-    work.cancel()
-    try:
-        await work
+        return await handler
     except asyncio.CancelledError:
-        pass
-    log.info("client of %s disconnected before its response: request given up", request.url.path)
-    return Response(status_code=CLIENT_CLOSED_REQUEST)
+        if not watch.left():
+            raise  # cancelled by someone else (the server is shutting down)
+        asyncio.current_task().uncancel()
+        log.info("client of %s disconnected before its response: request given up", request.url.path)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    finally:
+        watch.close()
+
+
+class ClientWatch:
+    """Cancels the task that made it when the client disconnects, until closed.
+
+    The task goes on with its work at once; one small task waits for the disconnect. (Running the work in a
+    task of its own, raced against the disconnect, delays it by a turn of the event loop, which under load
+    is milliseconds on the way of every request.)"""
+
+    def __init__(self, receive: Receive):
+        self._task = asyncio.current_task()
+        self._closed = False
+        self._gone = asyncio.ensure_future(until_client_leaves(receive))
+        self._gone.add_done_callback(self._cancel_if_left)
+
+    def left(self) -> bool:
+        return self._gone.done() and not self._gone.cancelled() and self._gone.exception() is None
+
+    def close(self) -> None:
+        self._closed = True
+        self._gone.cancel()
+
+    def _cancel_if_left(self, _: asyncio.Future) -> None:
+        if not self._closed and self.left():
+            self._task.cancel()
 
 
 async def until_client_leaves(receive: Receive) -> None:

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Mapping
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from rollout_server.disconnect import until_client_leaves
+from rollout_server.disconnect import ClientWatch
 
 
 class EventStreamResponse(Response):
@@ -29,27 +29,15 @@ class EventStreamResponse(Response):
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        sending = asyncio.current_task()
-        watch = asyncio.ensure_future(until_client_leaves(receive))
-        finished = False
-
-        def client_left() -> bool:
-            return watch.done() and not watch.cancelled() and watch.exception() is None
-
-        def stop_sending_if_the_client_left(_: asyncio.Task) -> None:
-            if not finished and client_left():
-                sending.cancel()
-
-        watch.add_done_callback(stop_sending_if_the_client_left)
+        watch = ClientWatch(receive)
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for event in self.events:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not client_left():
+            if not watch.left():
                 raise  # cancelled by someone else (the server is shutting down)
-            sending.uncancel()  # the client left: nobody is there to send the rest to
+            asyncio.current_task().uncancel()  # the client left: nobody is there to send the rest to
         finally:
-            finished = True
-            watch.cancel()
+            watch.close()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
 
@@ -109,7 +109,7 @@ class ServingContext:
 
 def session_id_for(header: str | None, session_field: str | None, user: str | None) -> str:
     """X-Session-ID, else the body's `session_id` (vLLM's field), else the OpenAI `user`, else a new session."""
-    return header or session_field or user or f"sess-{uuid.uuid4().hex}"
+    return header or session_field or user or f"sess-{random_hex()}"
 
 
 def sampling_for(ctx: ServingContext, fields: SamplingFields, max_tokens: int, param_prefix: str = "") -> dict:
@@ -316,8 +316,13 @@ def sse(payload: dict) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
 
 
+def random_hex() -> str:
+    """128 random bits, as uuid4().hex carries, without building a UUID (a quarter of the time, per request)."""
+    return secrets.token_hex(16)
+
+
 def new_request_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+    return f"{prefix}-{random_hex()}"
 
 
 async def start_all(generations: list[Generation]) -> None:

@@ -30,9 +30,17 @@ def _comm(pid: int) -> str:
         return f.read().strip()
 
 
+def _policy(tid: int) -> int | None:
+    try:
+        return os.sched_getscheduler(tid)
+    except ProcessLookupError:  # a thread that has just ended
+        return None
+
+
 def _check_cpu_placement(stack, worker_group: int) -> None:
     """engine/cpu_placement.py: the model runs inside vLLM's engine core, pinned to the worker's core (0);
-    the front door, Dynamo's processes and the engine's gloo threads run on the other cores."""
+    the front door, Dynamo's processes and the engine's gloo threads run on the other cores, every thread
+    of them as batch work."""
     engine = [pid for pid in stack.child_pids() if os.getpgid(pid) == worker_group and _comm(pid).startswith("VLLM::")]
     assert [_comm(pid) for pid in engine] == ["VLLM::EngineCor"], "one engine process, no separate model runner"
     others = set(range(1, os.cpu_count() or 1)) or {0}
@@ -43,6 +51,8 @@ def _check_cpu_placement(stack, worker_group: int) -> None:
         assert os.sched_getaffinity(tid) == (others if tid in gloo else {0}), (tid, name)
     for pid in [stack.process.pid] + [pid for pid in stack.child_pids() if pid != engine[0]]:
         assert os.sched_getaffinity(pid) == others, (pid, _comm(pid))
+        policies = {tid: _policy(tid) for tid in map(int, os.listdir(f"/proc/{pid}/task"))}
+        assert set(policies.values()) - {None} == {os.SCHED_BATCH}, (pid, _comm(pid), policies)
 
 
 def _check_compute_dtype(stack) -> None:

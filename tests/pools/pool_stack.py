@@ -117,6 +117,13 @@ def stream(url: str, model: str, session: str, max_tokens: int, record: StreamRe
     return record
 
 
+def _cut_by_the_kill(record: StreamRecord) -> bool:
+    """Tokens, then the engine's failure: the stream was on the killed worker, which made those tokens before
+    it died, even when they reached the client just after the kill (a request arriving at the kill can have
+    its first tokens in flight). A stream on a live worker, failed over or not, does not end that way."""
+    return record.tokens > 0 and record.error is not None and record.error.get("code") == "service_unavailable"
+
+
 def completed(record: StreamRecord) -> bool:
     return record.status == 200 and record.done and record.error is None and record.finish_reason == "length"
 
@@ -157,6 +164,7 @@ def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int
         for future in running:
             future.result(timeout=60)
     records = started + queued
-    not_started = [r for r in records if r.first_token_at is None or r.first_token_at > killed_at]
+    not_started = [r for r in records if r.first_token_at is None
+                   or (r.first_token_at > killed_at and not _cut_by_the_kill(r))]
     cut = [r for r in records if r not in not_started and not completed(r) and not r.left]
     return KillOutcome(not_started, cut, [r for r in not_started if not completed(r)])
