@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from rollout_server.disconnect import CLIENT_CLOSED_REQUEST, unless_disconnected
-from tests.unit.test_event_stream import ClientStub
+from tests.unit.asgi_stubs import ClientStub
 
 
 class RequestStub:

@@ -6,28 +6,7 @@ import asyncio
 import pytest
 
 from rollout_server.event_stream import EventStreamResponse
-
-
-class ClientStub:
-    """Test double of the ASGI server's side: records what is sent; `leave()` delivers the disconnect."""
-
-    def __init__(self):
-        self.sent: list[dict] = []
-        self._left = asyncio.Event()
-
-    async def receive(self) -> dict:
-        await self._left.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict) -> None:
-        self.sent.append(message)
-        await asyncio.sleep(0)
-
-    def leave(self) -> None:
-        self._left.set()
-
-    def bodies(self) -> list[bytes]:
-        return [m["body"] for m in self.sent if m["type"] == "http.response.body"]
+from tests.unit.asgi_stubs import ClientStub
 
 
 async def _events(n: int, closed: list, pause: float = 0.0):
