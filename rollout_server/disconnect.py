@@ -27,21 +27,15 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for it; nobody reads it
 async def unless_disconnected(request: Request, handler: Awaitable[T]) -> T | Response:
     """`handler`'s response, or an empty 499 when the client disconnects first (the handler is cancelled).
     A streamed response is returned as soon as it starts, so only the work before it is raced."""
-    watch = ClientWatch(request.receive)
-    try:
+    with ClientWatch(request.receive):
         return await handler
-    except asyncio.CancelledError:
-        if not watch.left():
-            raise  # cancelled by someone else (the server is shutting down)
-        asyncio.current_task().uncancel()
-        log.info("client of %s disconnected before its response: request given up", request.url.path)
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    finally:
-        watch.close()
+    log.info("client of %s disconnected before its response: request given up", request.url.path)
+    return Response(status_code=CLIENT_CLOSED_REQUEST)
 
 
 class ClientWatch:
-    """Cancels the task that made it when the client disconnects, until closed.
+    """`with ClientWatch(receive):` cancels the block when the client disconnects, and the block ends there;
+    any other cancellation (the server shutting down) goes on.
 
     The task goes on with its work at once; one small task waits for the disconnect. (Running the work in a
     task of its own, raced against the disconnect, delays it by a turn of the event loop, which under load
@@ -53,15 +47,22 @@ class ClientWatch:
         self._gone = asyncio.ensure_future(until_client_leaves(receive))
         self._gone.add_done_callback(self._cancel_if_left)
 
-    def left(self) -> bool:
-        return self._gone.done() and not self._gone.cancelled() and self._gone.exception() is None
+    def __enter__(self) -> "ClientWatch":
+        return self
 
-    def close(self) -> None:
+    def __exit__(self, kind, error, traceback) -> bool:
         self._closed = True
         self._gone.cancel()
+        if kind is asyncio.CancelledError and self._left():
+            self._task.uncancel()
+            return True  # the client left: nobody is there to answer
+        return False
+
+    def _left(self) -> bool:
+        return self._gone.done() and not self._gone.cancelled() and self._gone.exception() is None
 
     def _cancel_if_left(self, _: asyncio.Future) -> None:
-        if not self._closed and self.left():
+        if not self._closed and self._left():
             self._task.cancel()
 
 

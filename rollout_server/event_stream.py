@@ -10,7 +10,6 @@ responses).
 
 from __future__ import annotations
 
-import asyncio
 from typing import AsyncIterator, Mapping
 
 from starlette.responses import Response
@@ -29,15 +28,8 @@ class EventStreamResponse(Response):
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watch = ClientWatch(receive)
-        try:
+        with ClientWatch(receive):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             async for event in self.events:
                 await send({"type": "http.response.body", "body": event, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not watch.left():
-                raise  # cancelled by someone else (the server is shutting down)
-            asyncio.current_task().uncancel()  # the client left: nobody is there to send the rest to
-        finally:
-            watch.close()
