@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ import msgspec
 
 from engine import stream_interval
 from rollout_server.errors import APIError, bad_request, unavailable
+
+log = logging.getLogger(__name__)
 
 _TOKEN_ID_PREFIX = "token_id:"
 
@@ -74,6 +77,7 @@ class EngineChunk:
     usage: EngineUsage | None = None
     worker_id: str | None = None
     received_at: float = 0.0
+    final: bool = False                  # every choice has finished and the usage is known: the answer is whole
 
 
 def _parse_token_id(entry: str) -> int:
@@ -158,6 +162,7 @@ class DynamoFrontendClient:
         self.connector = connector or (lambda: aiohttp.TCPConnector(limit=1024))  # made per session
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
+        self._closing: set[asyncio.Task] = set()  # streams answered, read to their end (_read_to_the_end_later)
 
     def _http(self) -> aiohttp.ClientSession:
         """The session of the running event loop (a session cannot outlive its loop), made on first use."""
@@ -171,6 +176,9 @@ class DynamoFrontendClient:
 
     async def close(self) -> None:
         if self._session is not None and self._session_loop is asyncio.get_running_loop():
+            for task in self._closing:
+                task.cancel()
+            await asyncio.gather(*self._closing, return_exceptions=True)
             await self._session.close()
         self._session = None
 
@@ -182,7 +190,8 @@ class DynamoFrontendClient:
             "prompt": req.prompt_token_ids,
             "max_tokens": req.max_tokens,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            # The usage in every chunk, so the one that ends the last choice has it too (`EngineChunk.final`)
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
             "nvext": {"extra_fields": ["worker_id"]},
         }
         if _asks_for_logprobs(req):
@@ -213,15 +222,22 @@ class DynamoFrontendClient:
             headers["x-dynamo-session-id"] = req.session_id[:256]
         # msgspec, not aiohttp's json.dumps: a 140k-token prompt encodes in 0.7 ms instead of 12 ms of event loop
         body = msgspec.json.encode(self._body(req))
+        resp = None
         try:
-            async with self._http().post("/v1/completions", data=body, headers=headers) as resp:
-                _acknowledge_promptly(resp)
-                if resp.status != 200:
-                    raw = await resp.read()
-                    error = engine_error(resp.status, _json_or_message(raw), req)
-                    raise RefusedBeforeOutput(error) if resp.status == 503 else error
-                async for chunk in _sse_chunks(resp.content, req.top_logprobs):
+            resp = await self._http().post("/v1/completions", data=body, headers=headers)
+            _acknowledge_promptly(resp)
+            if resp.status != 200:
+                raw = await resp.read()
+                error = engine_error(resp.status, _json_or_message(raw), req)
+                raise RefusedBeforeOutput(error) if resp.status == 503 else error
+            chunks = _sse_chunks(resp.content, req.top_logprobs, choices=req.sampling.get("n", 1))
+            async for chunk in chunks:
+                if chunk.final:
+                    self._read_to_the_end_later(chunks, resp, req.request_id)
+                    resp = None
                     yield chunk
+                    return
+                yield chunk
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:  # the request was never sent
             raise RefusedBeforeOutput(unavailable(
                 f"the engine is unreachable ({exc.__class__.__name__}); retry shortly")) from exc
@@ -229,6 +245,29 @@ class DynamoFrontendClient:
             raise APIError(504, f"the engine did not answer within the request timeout ({exc.__class__.__name__})") from exc
         except aiohttp.ClientError as exc:
             raise unavailable(f"the engine connection failed ({exc.__class__.__name__}); retry shortly") from exc
+        finally:
+            if resp is not None:
+                resp.release()  # read to its end: back to the pool; cut short: closed
+
+    def _read_to_the_end_later(self, rest: AsyncIterator[EngineChunk], resp: aiohttp.ClientResponse,
+                               request_id: str) -> None:
+        """Once every choice has finished and the usage is known, what is left of Dynamo's stream is its
+        closing: a usage-only chunk and `[DONE]`, which Dynamo's frontend sends once its worker has closed the
+        request's stream, often several milliseconds later under load. The request is answered without
+        them; they are read off its way, so that the connection goes back to the pool whole."""
+        task = asyncio.get_running_loop().create_task(_read_to_the_end(rest, resp, request_id))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+
+async def _read_to_the_end(rest: AsyncIterator[EngineChunk], resp: aiohttp.ClientResponse, request_id: str) -> None:
+    try:
+        async for _ in rest:
+            pass
+    except (APIError, aiohttp.ClientError, asyncio.TimeoutError) as exc:  # the request had its answer already
+        log.debug("request %s: the engine's stream failed after its last token: %s", request_id, exc)
+    finally:
+        resp.release()
 
 
 def _asks_for_logprobs(req: EngineRequest) -> bool:
@@ -289,12 +328,17 @@ def _stream_error(payload: dict) -> APIError:
     return unavailable(f"the engine failed mid-request: {message}")
 
 
-async def _sse_chunks(body: aiohttp.StreamReader, top_logprobs: int) -> AsyncIterator[EngineChunk]:
+async def _sse_chunks(body: aiohttp.StreamReader, top_logprobs: int, choices: int = 1) -> AsyncIterator[EngineChunk]:
+    """The stream's chunks; `choices`: how many the request asked for (n), to mark the chunk that ends the last."""
+    finished: set[int] = set()
     async for event, data in _sse_events(body):
         if data == b"[DONE]":
             return
         payload = msgspec.json.decode(data)  # the per-token hot path: msgspec is several times faster than json
         if event == "error" or "error" in payload or ("message" in payload and "choices" not in payload):
             raise _stream_error(payload)
-        yield _parse_chunk(payload, top_logprobs)
+        chunk = _parse_chunk(payload, top_logprobs)
+        finished.update(delta.index for delta in chunk.deltas if delta.finish_reason)
+        chunk.final = len(finished) == choices and chunk.usage is not None
+        yield chunk
     raise unavailable("the engine's stream ended before the request finished (its worker may have died)")
