@@ -264,8 +264,8 @@ async def _read_to_the_end(rest: AsyncIterator[EngineChunk], resp: aiohttp.Clien
     try:
         async for _ in rest:
             pass
-    except (APIError, aiohttp.ClientError, asyncio.TimeoutError) as exc:  # the request had its answer already
-        log.debug("request %s: the engine's stream failed after its last token: %s", request_id, exc)
+    except Exception as exc:  # the request has had its answer; only the connection is lost
+        log.warning("request %s: the engine's stream failed after its last token: %r", request_id, exc)
     finally:
         resp.release()
 

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from engine import frontend_client
-from engine.frontend_client import DynamoFrontendClient, EngineRequest
+from tests.unit.dynamo_doubles import ONE_TOKEN_REQUEST, client_of
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
 
@@ -35,21 +35,9 @@ class DynamoDouble:
 
 async def two_requests(dynamo: DynamoDouble) -> list[int]:
     """The token ids of two requests, the second on the kept-alive connection of the first."""
-    app = web.Application()
-    app.router.add_post("/v1/completions", dynamo.completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    client = DynamoFrontendClient(f"http://127.0.0.1:{port}")
-    request = EngineRequest(model="m", request_id="r", prompt_token_ids=[1, 2], max_tokens=1, sampling={})
-    try:
-        return [token.token_id for _ in range(2) async for chunk in client.stream_once(request)
+    async with client_of(dynamo.completions) as client:
+        return [token.token_id for _ in range(2) async for chunk in client.stream_once(ONE_TOKEN_REQUEST)
                 for delta in chunk.deltas for token in delta.tokens]
-    finally:
-        await client.close()
-        await runner.cleanup()
 
 
 def test_every_response_is_acknowledged_promptly(monkeypatch):

@@ -7,7 +7,8 @@ import json
 
 from aiohttp import web
 
-from engine.frontend_client import DynamoFrontendClient, EngineRequest, _sse_chunks
+from engine.frontend_client import DynamoFrontendClient, _sse_chunks
+from tests.unit.dynamo_doubles import ONE_TOKEN_REQUEST, client_of
 from tests.unit.test_sse_events import PiecesStubReader
 
 USAGE = b'"usage":{"prompt_tokens":2,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":0}}'
@@ -41,9 +42,10 @@ def test_without_the_usage_in_the_finishing_chunk_the_stream_is_read_to_its_end(
 
 class DynamoDouble:
     """A test double of Dynamo's /v1/completions: one token that ends the choice, with the usage; then it holds
-    the stream's closing until `closing_allowed` is set."""
+    the stream's closing until `closing_allowed` is set, and sends it (or, `cut`, drops the connection)."""
 
-    def __init__(self):
+    def __init__(self, cut: bool = False):
+        self.cut = cut
         self.closing_allowed = asyncio.Event()
         self.bodies: list[dict] = []
         self.peers: list[tuple] = []
@@ -55,41 +57,40 @@ class DynamoDouble:
         await resp.prepare(request)
         await resp.write(_event(0, 7, "length", 1))
         await self.closing_allowed.wait()
-        await resp.write(CLOSING)
+        if self.cut:
+            request.transport.close()
+        else:
+            await resp.write(CLOSING)
         return resp
 
 
 def test_the_answer_ends_before_dynamo_closes_the_stream_and_the_connection_is_kept():
-    async def run():
-        dynamo = DynamoDouble()
-        app = web.Application()
-        app.router.add_post("/v1/completions", dynamo.completions)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        client = DynamoFrontendClient(f"http://127.0.0.1:{port}")
-        request = EngineRequest(model="m", request_id="r", prompt_token_ids=[1, 2], max_tokens=1, sampling={})
-        try:
-            answers = []
-            for _ in range(2):
-                chunks = await asyncio.wait_for(_collect(client.stream_once(request)), timeout=5)
-                assert not dynamo.closing_allowed.is_set()  # answered while Dynamo still held its closing
-                answers.append([(t.token_id, c.usage.completion_tokens) for c in chunks for d in c.deltas
-                                for t in d.tokens])
-                dynamo.closing_allowed.set()
-                await asyncio.wait_for(_until_read_to_the_end(client), timeout=5)
-                dynamo.closing_allowed.clear()
-            return answers, dynamo
-        finally:
-            await client.close()
-            await runner.cleanup()
-
-    answers, dynamo = asyncio.run(run())
+    answers, dynamo = asyncio.run(_two_answers(DynamoDouble()))
     assert answers == [[(7, 1)], [(7, 1)]]
     assert all(body["stream_options"]["continuous_usage_stats"] for body in dynamo.bodies)
     assert dynamo.peers[0] == dynamo.peers[1]  # the second request went on the first one's connection
+
+
+def test_a_stream_cut_after_its_answer_leaves_the_answers_whole(caplog):
+    answers, dynamo = asyncio.run(_two_answers(DynamoDouble(cut=True)))
+    assert answers == [[(7, 1)], [(7, 1)]]
+    assert dynamo.peers[0] != dynamo.peers[1]  # the cut connection was not reused
+    assert "failed after its last token" in caplog.text
+
+
+async def _two_answers(dynamo: DynamoDouble) -> tuple[list, DynamoDouble]:
+    """Two requests in turn; each answer is read while the double holds its stream's closing."""
+    answers = []
+    async with client_of(dynamo.completions) as client:
+        for _ in range(2):
+            chunks = await asyncio.wait_for(_collect(client.stream_once(ONE_TOKEN_REQUEST)), timeout=5)
+            assert not dynamo.closing_allowed.is_set()  # answered while Dynamo still held its closing
+            answers.append([(t.token_id, c.usage.completion_tokens) for c in chunks for d in c.deltas
+                            for t in d.tokens])
+            dynamo.closing_allowed.set()
+            await asyncio.wait_for(_until_read_to_the_end(client), timeout=5)
+            dynamo.closing_allowed.clear()
+    return answers, dynamo
 
 
 async def _collect(stream) -> list:
