@@ -1,5 +1,5 @@
 """Test doubles of Dynamo's frontend: a local server for a /v1/completions handler, and the front door's client
-of it (engine/frontend_client.py)."""
+of it (engine/frontend_client.py); a response body handed over in given pieces."""
 
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
@@ -27,3 +27,14 @@ async def client_of(completions: Callable[[web.Request], Awaitable[web.StreamRes
     finally:
         await client.close()
         await runner.cleanup()
+
+
+class PiecesStubReader:
+    """Test double of aiohttp's StreamReader: hands the body over in the given pieces."""
+
+    def __init__(self, pieces: list[bytes]):
+        self.pieces = pieces
+
+    async def iter_any(self):
+        for piece in self.pieces:
+            yield piece

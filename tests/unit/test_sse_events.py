@@ -4,6 +4,7 @@ import asyncio
 import random
 
 from engine.frontend_client import _sse_events
+from tests.unit.dynamo_doubles import PiecesStubReader
 
 STREAM = (b'data: {"a": 1}\n\n'
           b': a comment line\n\n'
@@ -11,17 +12,6 @@ STREAM = (b'data: {"a": 1}\n\n'
           b'data: {"b": 2}\n\n'
           b'data: [DONE]\n\n')
 EVENTS = [(None, b'{"a": 1}'), ("error", b'{"error": "boom"}'), (None, b'{"b": 2}'), (None, b"[DONE]")]
-
-
-class PiecesStubReader:
-    """Test double of aiohttp's StreamReader: hands the body over in the given pieces."""
-
-    def __init__(self, pieces: list[bytes]):
-        self.pieces = pieces
-
-    async def iter_any(self):
-        for piece in self.pieces:
-            yield piece
 
 
 def _read(pieces: list[bytes]) -> list:

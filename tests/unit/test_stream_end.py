@@ -8,8 +8,7 @@ import json
 from aiohttp import web
 
 from engine.frontend_client import DynamoFrontendClient, _sse_chunks
-from tests.unit.dynamo_doubles import ONE_TOKEN_REQUEST, client_of
-from tests.unit.test_sse_events import PiecesStubReader
+from tests.unit.dynamo_doubles import ONE_TOKEN_REQUEST, PiecesStubReader, client_of
 
 USAGE = b'"usage":{"prompt_tokens":2,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":0}}'
 
