@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import Callable
+from typing import Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
@@ -31,12 +31,12 @@ from rollout_server.errors import APIError, bad_request
 log = logging.getLogger(__name__)
 
 
-def deploy_router(deployer: Deployer, principal: Callable[[Request], Principal]) -> APIRouter:
+def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[Principal]]) -> APIRouter:
     router = APIRouter()
     running: set[asyncio.Task] = set()
 
-    def admin(request: Request) -> Principal:
-        who = principal(request)
+    async def admin(request: Request) -> Principal:
+        who = await principal(request)
         if not who.is_admin:
             raise APIError(403, "Deploys and weight updates need an admin key (rollout-serve keys create --admin).",
                            code="admin_key_required")

@@ -101,24 +101,24 @@ def create_app(state: AppState) -> FastAPI:
     install_error_handlers(app)
     ctx = state.ctx
 
-    def principal(request: Request) -> Principal:
-        return state.auth.authenticate(request.headers.get("authorization"))
-
     async def caller(request: Request) -> Principal:
-        """`principal` as a dependency. FastAPI runs a plain-function dependency in a worker thread, and
-        that hand-off costs more per request than the cached key lookup itself."""
-        return principal(request)
+        """The request's principal, as a dependency (an async one: FastAPI runs a plain function in a worker
+        thread, a hand-off that costs more per request than a key already read)."""
+        return await state.auth.authenticate(request.headers.get("authorization"))
 
     if state.traces is not None:
         from trace_pipeline.api import rewards_router
 
-        app.include_router(rewards_router(state.traces.capture, lambda request: principal(request).team))
+        async def team_of(request: Request) -> str:
+            return (await caller(request)).team
+
+        app.include_router(rewards_router(state.traces.capture, team_of))
     if state.usage is not None:
         app.include_router(usage_router(state.usage.store, caller))
     if state.deployer is not None:
         from finetune_deploy.api import deploy_router
 
-        app.include_router(deploy_router(state.deployer, principal))
+        app.include_router(deploy_router(state.deployer, caller))
     if state.batches is not None:
         app.include_router(batches_router(state.batches.store, caller, runner=state.batches,
                                           max_file_bytes=ctx.settings.batches.max_file_bytes))

@@ -6,6 +6,7 @@ team "local" and a warning says so at start-up.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
@@ -60,7 +61,6 @@ class KeyStore:
     def __init__(self, engine: Engine, admin_key: str | None = None):
         self.engine = engine
         self.admin_key_hash = hash_key(admin_key) if admin_key else None
-        self._cache: dict[str, Principal | None] = {}
 
     def create(self, team: str, name: str | None = None, is_admin: bool = False) -> str:
         key = KEY_PREFIX + secrets.token_urlsafe(32)
@@ -68,13 +68,11 @@ class KeyStore:
             conn.execute(api_keys.insert().values(
                 key_hash=hash_key(key), key_prefix=key[:10], team=team, name=name, is_admin=is_admin,
                 created_at=time.time(), revoked=False))
-        self._cache.clear()
         return key
 
     def revoke(self, key_prefix: str) -> int:
         with self.engine.begin() as conn:
             result = conn.execute(update(api_keys).where(api_keys.c.key_prefix == key_prefix).values(revoked=True))
-        self._cache.clear()
         return result.rowcount
 
     def list(self, team: str | None = None) -> list[dict]:
@@ -91,45 +89,63 @@ class KeyStore:
         return bool(count) or self.admin_key_hash is not None
 
     def lookup(self, key: str) -> Principal | None:
+        """The key's principal, None for an unknown or revoked key (a database read)."""
         digest = hash_key(key)
         if digest == self.admin_key_hash:
             return Principal(team="admin", key_prefix=key[:10], is_admin=True)
-        if digest not in self._cache:
-            with self.engine.connect() as conn:
-                row = conn.execute(select(api_keys).where(api_keys.c.key_hash == digest)).first()
-            self._cache[digest] = (Principal(row.team, row.key_prefix, row.is_admin)
-                                   if row is not None and not row.revoked else None)
-        return self._cache[digest]
+        with self.engine.connect() as conn:
+            row = conn.execute(select(api_keys).where(api_keys.c.key_hash == digest)).first()
+        return Principal(row.team, row.key_prefix, row.is_admin) if row is not None and not row.revoked else None
 
 
 class Authenticator:
-    """Resolves `Authorization: Bearer <key>` to a team, or the open-mode principal when no key exists."""
+    """Resolves `Authorization: Bearer <key>` to a team, or the open-mode principal when no key exists.
 
-    RECHECK_S = 2.0  # keys created while the server runs end open mode within this delay
+    `rollout-serve keys` changes the database from another process: a running server reads it again at most
+    `recheck_s` after its last read of a key (or of whether any key exists), so a key created or revoked, or
+    the first key that ends open mode, takes effect within that delay. The reads run in a worker thread: the
+    event loop, which carries every stream, never waits for the database (Postgres is a network round trip).
+    """
 
-    def __init__(self, store: KeyStore):
+    def __init__(self, store: KeyStore, recheck_s: float = 2.0):
         self.store = store
-        self._open = not store.has_keys()
-        self._checked_at = time.monotonic()
-        if self._open:
+        self.recheck_s = recheck_s
+        self.open_mode = not store.has_keys()
+        self._open_mode_read_at = time.monotonic()
+        self._principals: dict[str, tuple[Principal, float]] = {}  # key hash -> (principal, when it was read)
+        if self.open_mode:
             log.warning("!!! NO API KEYS CONFIGURED: open local mode, every request is accepted as team '%s'. "
                         "Create keys with `rollout-serve keys create --team NAME` !!!", OPEN_MODE_TEAM)
 
-    @property
-    def open_mode(self) -> bool:
-        if self._open and time.monotonic() - self._checked_at > self.RECHECK_S:
-            self._open = not self.store.has_keys()
-            self._checked_at = time.monotonic()
-            if not self._open:
-                log.info("API keys exist now: open local mode is over, requests need a key")
-        return self._open
-
-    def authenticate(self, authorization: str | None) -> Principal:
+    async def authenticate(self, authorization: str | None) -> Principal:
+        if self.open_mode and self._stale(self._open_mode_read_at):
+            await self._read_open_mode()
         if self.open_mode:
             return Principal(OPEN_MODE_TEAM, None, is_admin=True)
         if not authorization or not authorization.lower().startswith("bearer "):
             raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
-        principal = self.store.lookup(authorization[7:].strip())
+        principal = await self._principal_of(authorization[7:].strip())
         if principal is None:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return principal
+
+    def _stale(self, read_at: float) -> bool:
+        return time.monotonic() - read_at >= self.recheck_s
+
+    async def _read_open_mode(self) -> None:
+        self._open_mode_read_at = time.monotonic()  # one read for the requests arriving meanwhile
+        self.open_mode = not await asyncio.to_thread(self.store.has_keys)
+        if not self.open_mode:
+            log.info("API keys exist now: open local mode is over, requests need a key")
+
+    async def _principal_of(self, key: str) -> Principal | None:
+        digest = hash_key(key)
+        known = self._principals.get(digest)
+        if known is not None and not self._stale(known[1]):
+            return known[0]
+        principal = await asyncio.to_thread(self.store.lookup, key)
+        if principal is None:  # unknown keys are not kept: a stream of made-up keys cannot fill memory
+            self._principals.pop(digest, None)
+        else:
+            self._principals[digest] = (principal, time.monotonic())
         return principal

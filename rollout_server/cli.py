@@ -289,8 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing = keys.add_parser("list", help="list keys (prefixes only)")
     listing.add_argument("--team")
     listing.set_defaults(func=cmd_keys_list)
-    revoke = keys.add_parser("revoke", help="revoke keys by prefix")
-    revoke.add_argument("prefix")
+    revoke = keys.add_parser("revoke", help="revoke keys by prefix (a running server refuses them within "
+                                            "keys_recheck_s, 2 s by default)")
+    revoke.add_argument("prefix", help="the key's prefix (rollout-serve keys list), its first 10 characters")
     revoke.set_defaults(func=cmd_keys_revoke)
     limit = keys.add_parser("limit", help="set a key's rate limits (429 with Retry-After beyond them)")
     limit.add_argument("prefix", help="the key's prefix (rollout-serve keys list), its first 10 characters")

@@ -99,7 +99,7 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack,
         tool_format=tool_format_of(tokenizer), pools={name: p.config for name, p in pools.pools.items()},
     )
     ctx.metrics.session_prompt_tokens_reused.set_function(lambda: tokenizer.session_prompts.reused_tokens)
-    auth = Authenticator(KeyStore(database, settings.admin_key))
+    auth = Authenticator(KeyStore(database, settings.admin_key), settings.keys_recheck_s)
     state = AppState(ctx=ctx, auth=auth, stack=stack, deployer=deployer, pools=pools)
     ctx.limiter = RateLimiter(KeyLimitStore(database, settings.quotas).limits_for)
     ctx.on_finish.append(ctx.limiter.on_finish)

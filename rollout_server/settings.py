@@ -145,6 +145,9 @@ class Settings(BaseSettings):
     state_dir: Path | None = Field(None, description="run-time state: logs, discovery files, database (default: cache_dir/state)")
     database_url: str | None = Field(None, description="SQLAlchemy URL for keys/usage (default: SQLite in state_dir)")
     admin_key: str | None = Field(None, description="API key with admin rights (deployments, weight updates)")
+    keys_recheck_s: float = Field(2.0, ge=0, description="how long the server trusts what it last read of a key "
+                                                      "(or of whether any key exists): keys created or revoked with "
+                                                      "`rollout-serve keys` take effect within this delay")
 
     # Requests.
     request_timeout_s: float = Field(600.0, description="upper bound on one request through the stack")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from typing import Callable
+from typing import Awaitable, Callable
 
 import pydantic
 from fastapi import APIRouter, Request
@@ -46,13 +46,13 @@ def error_response(status: int, message: str, param: str | None, code: str) -> J
 
 
 def rewards_router(capture_or_store: TraceCapture | TraceStore,
-                   team_of_request: Callable[[Request], str]) -> APIRouter:
+                   team_of_request: Callable[[Request], Awaitable[str]]) -> APIRouter:
     store = capture_or_store.store if isinstance(capture_or_store, TraceCapture) else capture_or_store
     router = APIRouter()
 
     @router.post("/v1/traces/rewards")
     async def post_rewards(request: Request):
-        team = team_of_request(request)
+        team = await team_of_request(request)
         try:
             body = RewardsBody.model_validate(json.loads(await request.body()))
         except json.JSONDecodeError as exc:

@@ -8,7 +8,7 @@ from trace_pipeline.capture import TraceCapture
 from trace_pipeline.config import TraceSettings
 
 
-def team_from_header(request: Request) -> str:
+async def team_from_header(request: Request) -> str:
     return request.headers["x-team"]
 
 

@@ -1,4 +1,9 @@
-"""API keys: hashed at rest, mapped to teams, open local mode only while no key exists."""
+"""API keys: hashed at rest, mapped to teams, open local mode only while no key exists; changes made with
+`rollout-serve keys` reach a running server within its recheck delay, read off the event loop."""
+
+import asyncio
+import threading
+import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -23,14 +28,14 @@ def model_dir():
     return ensure_tiny_model(0, CACHE_DIR / "models")
 
 
-def make_app(model_dir, database_url: str) -> TestClient:
+def make_app(model_dir, database_url: str, recheck_s: float = 2.0) -> TestClient:
     settings = Settings(database_url=database_url)
     nowhere = f"http://127.0.0.1:{free_port_block(1)}"  # no engine listens here: requests must fail cleanly
     pool = Pool(PoolConfig(name="default", kind="shared"), [Deployment("default/0", None, DynamoFrontendClient(nowhere, 10), 1)])
     client = PoolRouter(PoolSet(settings, [pool]), retry_delay_s=0.01)
     ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=client,
                          metrics=Metrics(), models=ModelTable("tiny-qwen2", 0, str(model_dir)), max_model_len=32768)
-    auth = Authenticator(KeyStore(open_database(database_url)))
+    auth = Authenticator(KeyStore(open_database(database_url)), recheck_s)
     return TestClient(create_app(AppState(ctx=ctx, auth=auth)))
 
 
@@ -62,3 +67,61 @@ def test_open_mode_without_keys_and_503_when_the_engine_is_unreachable(tmp_path,
     assert resp.status_code == 503
     assert resp.json()["error"]["type"] == "service_unavailable"
     assert resp.headers["retry-after"] == "1"
+
+
+def test_a_key_revoked_while_the_server_runs_stops_working_within_the_recheck_delay(tmp_path, model_dir):
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    key = create_key(url, "team-a")
+    app = make_app(model_dir, url, recheck_s=0.2)
+    bearer = {"Authorization": f"Bearer {key}"}
+    assert app.get("/v1/models", headers=bearer).status_code == 200
+
+    KeyStore(open_database(url)).revoke(key[:10])  # as `rollout-serve keys revoke` does, from another process
+    assert app.get("/v1/models", headers=bearer).status_code == 200  # read 0.2 s ago: still trusted
+    time.sleep(0.25)
+    refused = app.get("/v1/models", headers=bearer)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_the_first_key_ends_open_mode_and_a_new_key_works_at_once(tmp_path, model_dir):
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    app = make_app(model_dir, url, recheck_s=0.2)
+    assert app.get("/v1/models").status_code == 200  # open mode
+
+    first = create_key(url, "team-a")
+    time.sleep(0.25)
+    assert app.get("/v1/models").status_code == 401
+    assert app.get("/v1/models", headers={"Authorization": f"Bearer {first}"}).status_code == 200
+    second = create_key(url, "team-b")  # never read before: looked up on its first use
+    assert app.get("/v1/models", headers={"Authorization": f"Bearer {second}"}).status_code == 200
+
+
+class ThreadRecordingKeyStore(KeyStore):
+    """Test double: a real key store that notes which thread each database read ran on."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.read_on: list[threading.Thread] = []
+
+    def has_keys(self) -> bool:
+        self.read_on.append(threading.current_thread())
+        return super().has_keys()
+
+    def lookup(self, key: str):
+        self.read_on.append(threading.current_thread())
+        return super().lookup(key)
+
+
+def test_the_database_is_read_off_the_event_loop_and_a_key_once_per_recheck_delay(tmp_path):
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    key = create_key(url, "team-a")
+    store = ThreadRecordingKeyStore(open_database(url))
+    auth = Authenticator(store, recheck_s=60)
+    store.read_on.clear()  # the start-up check, before any event loop
+
+    async def three_requests():
+        return [await auth.authenticate(f"Bearer {key}") for _ in range(3)], threading.current_thread()
+
+    principals, loop_thread = asyncio.run(three_requests())
+    assert [p.team for p in principals] == ["team-a"] * 3
+    assert len(store.read_on) == 1 and store.read_on[0] is not loop_thread
