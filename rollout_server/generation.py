@@ -183,8 +183,8 @@ class Generation:
         surface before any response byte is sent and the serving worker is known for the headers."""
         if self.ctx.limiter:
             n = self.req.sampling.get("n", 1)
-            self.ctx.limiter.admit(self.who.key_prefix, self.req.request_id,
-                                   len(self.req.prompt_token_ids) + self.req.max_tokens * n)
+            await self.ctx.limiter.admit(self.who.key_prefix, self.req.request_id,
+                                         len(self.req.prompt_token_ids) + self.req.max_tokens * n)
         self.ctx.metrics.request_started(self.endpoint)
         self._chunks = self.ctx.client.stream(self.req)
         try:

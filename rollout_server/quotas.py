@@ -18,16 +18,18 @@ The buckets live in the memory of one front-door process: with several front-doo
 processes each enforces the limit on its own share of traffic, and a restart refills
 them. Limits are stored per key prefix in the `key_limits` table (a NULL column means
 "the default from settings", 0 means "no limit"); requests without a key (open local
-mode) are not limited.
+mode) are not limited. A key's limits are read again at most every `limits_cache_s`, in a worker thread:
+the event loop never waits for the database.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, delete, select
 from sqlalchemy.engine import Engine
@@ -85,11 +87,11 @@ class KeyLimitStore:
                                                     tokens_per_min=tokens_per_min, updated_at=time.time()))
         self._cache.pop(key_prefix, None)
 
-    def limits_for(self, key_prefix: str) -> KeyLimits:
+    async def limits_for(self, key_prefix: str) -> KeyLimits:
         cached = self._cache.get(key_prefix)
         if cached is not None and time.monotonic() - cached[0] < self.defaults.limits_cache_s:
             return cached[1]
-        limits = self._read(key_prefix)
+        limits = await asyncio.to_thread(self._read, key_prefix)
         self._cache[key_prefix] = (time.monotonic(), limits)
         return limits
 
@@ -146,24 +148,24 @@ class _KeyBuckets:
 # ---- the limiter ---------------------------------------------------------------------------
 
 class RateLimiter:
-    def __init__(self, limits_for: Callable[[str], KeyLimits], clock: Callable[[], float] = time.monotonic):
+    def __init__(self, limits_for: Callable[[str], Awaitable[KeyLimits]], clock: Callable[[], float] = time.monotonic):
         self.limits_for = limits_for
         self.clock = clock
         self._buckets: dict[str, _KeyBuckets] = {}
         self._open: dict[str, Reservation] = {}
         self._lock = threading.Lock()
 
-    def admit(self, key_prefix: str | None, request_id: str, tokens: int) -> Reservation | None:
+    async def admit(self, key_prefix: str | None, request_id: str, tokens: int) -> Reservation | None:
         """Reserves 1 request and `tokens` for the key, or raises 429. None when the request has no key."""
-        reservations = self.admit_many(key_prefix, {request_id: tokens})
+        reservations = await self.admit_many(key_prefix, {request_id: tokens})
         return reservations[0] if reservations else None
 
-    def admit_many(self, key_prefix: str | None, tokens_by_request_id: dict[str, int]) -> list[Reservation]:
+    async def admit_many(self, key_prefix: str | None, tokens_by_request_id: dict[str, int]) -> list[Reservation]:
         """All or nothing: one reservation per engine request (a multi-prompt completion has several),
         or a 429 whose Retry-After is long enough for all of them. [] when the request has no key."""
         if key_prefix is None:
             return []
-        limits = self.limits_for(key_prefix)
+        limits = await self.limits_for(key_prefix)
         requests, tokens = len(tokens_by_request_id), sum(tokens_by_request_id.values())
         with self._lock:
             buckets = self._refilled_buckets(key_prefix, limits)
