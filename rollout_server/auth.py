@@ -101,9 +101,9 @@ class KeyStore:
 class Authenticator:
     """Resolves `Authorization: Bearer <key>` to a team, or the open-mode principal when no key exists.
 
-    `rollout-serve keys` changes the database from another process: a running server reads it again at most
-    `recheck_s` after its last read of a key (or of whether any key exists), so a key created or revoked, or
-    the first key that ends open mode, takes effect within that delay. The reads run in a worker thread: the
+    `rollout-serve keys` changes the database from another process: what the server read of a key (or of
+    whether any key exists) is trusted for `recheck_s`, then read again, so a key created or revoked, or the
+    first key that ends open mode, takes effect within that delay. The reads run in a worker thread: the
     event loop, which carries every stream, never waits for the database (Postgres is a network round trip).
     """
 
