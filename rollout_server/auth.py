@@ -12,11 +12,13 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from sqlalchemy import Boolean, Column, Float, MetaData, String, Table, create_engine, func, select, update
 from sqlalchemy.engine import Engine
 
 from rollout_server.errors import APIError
+from rollout_server.read_cache import ReadCache
 
 log = logging.getLogger(__name__)
 
@@ -101,51 +103,39 @@ class KeyStore:
 class Authenticator:
     """Resolves `Authorization: Bearer <key>` to a team, or the open-mode principal when no key exists.
 
-    `rollout-serve keys` changes the database from another process: what the server read of a key (or of
-    whether any key exists) is trusted for `recheck_s`, then read again, so a key created or revoked, or the
-    first key that ends open mode, takes effect within that delay. The reads run in a worker thread: the
-    event loop, which carries every stream, never waits for the database (Postgres is a network round trip).
+    What the server read of a key (or of whether any key exists) is trusted for `recheck_s`, then read again
+    in a worker thread (rollout_server/read_cache.py): a key created or revoked with `rollout-serve keys`, or
+    the first key that ends open mode, takes effect within that delay.
     """
 
-    def __init__(self, store: KeyStore, recheck_s: float = 2.0):
+    def __init__(self, store: KeyStore, recheck_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
         self.store = store
         self.recheck_s = recheck_s
+        self.clock = clock
         self.open_mode = not store.has_keys()
-        self._open_mode_read_at = time.monotonic()
-        self._principals: dict[str, tuple[Principal, float]] = {}  # key hash -> (principal, when it was read)
+        self._open_mode_read_at = clock()
+        # key hash -> principal; unknown keys are not kept: a stream of made-up keys cannot fill memory
+        self._principals: ReadCache[str, Principal | None] = ReadCache(recheck_s, keep=lambda p: p is not None,
+                                                                       clock=clock)
         if self.open_mode:
             log.warning("!!! NO API KEYS CONFIGURED: open local mode, every request is accepted as team '%s'. "
                         "Create keys with `rollout-serve keys create --team NAME` !!!", OPEN_MODE_TEAM)
 
     async def authenticate(self, authorization: str | None) -> Principal:
-        if self.open_mode and self._stale(self._open_mode_read_at):
+        if self.open_mode and self.clock() - self._open_mode_read_at >= self.recheck_s:
             await self._read_open_mode()
         if self.open_mode:
             return Principal(OPEN_MODE_TEAM, None, is_admin=True)
         if not authorization or not authorization.lower().startswith("bearer "):
             raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
-        principal = await self._principal_of(authorization[7:].strip())
+        key = authorization[7:].strip()
+        principal = await self._principals.get(hash_key(key), lambda: self.store.lookup(key))
         if principal is None:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
         return principal
 
-    def _stale(self, read_at: float) -> bool:
-        return time.monotonic() - read_at >= self.recheck_s
-
     async def _read_open_mode(self) -> None:
-        self._open_mode_read_at = time.monotonic()  # one read for the requests arriving meanwhile
+        self._open_mode_read_at = self.clock()  # one read for the requests arriving meanwhile
         self.open_mode = not await asyncio.to_thread(self.store.has_keys)
         if not self.open_mode:
             log.info("API keys exist now: open local mode is over, requests need a key")
-
-    async def _principal_of(self, key: str) -> Principal | None:
-        digest = hash_key(key)
-        known = self._principals.get(digest)
-        if known is not None and not self._stale(known[1]):
-            return known[0]
-        principal = await asyncio.to_thread(self.store.lookup, key)
-        if principal is None:  # unknown keys are not kept: a stream of made-up keys cannot fill memory
-            self._principals.pop(digest, None)
-        else:
-            self._principals[digest] = (principal, time.monotonic())
-        return principal

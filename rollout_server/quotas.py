@@ -18,13 +18,12 @@ The buckets live in the memory of one front-door process: with several front-doo
 processes each enforces the limit on its own share of traffic, and a restart refills
 them. Limits are stored per key prefix in the `key_limits` table (a NULL column means
 "the default from settings", 0 means "no limit"); requests without a key (open local
-mode) are not limited. A key's limits are read again at most every `limits_cache_s`, in a worker thread:
-the event loop never waits for the database.
+mode) are not limited. A key's limits are trusted for `limits_cache_s`, then read again in a worker
+thread (rollout_server/read_cache.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import threading
 import time
@@ -35,6 +34,7 @@ from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Tab
 from sqlalchemy.engine import Engine
 
 from rollout_server.errors import APIError
+from rollout_server.read_cache import ReadCache
 from rollout_server.settings import QuotaSettings
 
 if TYPE_CHECKING:  # only for annotations: importing generation loads transformers (seconds)
@@ -76,7 +76,7 @@ class KeyLimitStore:
     def __init__(self, engine: Engine, defaults: QuotaSettings | None = None):
         self.engine = engine
         self.defaults = defaults or QuotaSettings()
-        self._cache: dict[str, tuple[float, KeyLimits]] = {}
+        self._cache: ReadCache[str, KeyLimits] = ReadCache(self.defaults.limits_cache_s)
         _metadata.create_all(engine)
 
     def set(self, key_prefix: str, requests_per_min: int | None, tokens_per_min: int | None) -> None:
@@ -85,15 +85,10 @@ class KeyLimitStore:
             conn.execute(delete(key_limits).where(key_limits.c.key_prefix == key_prefix))
             conn.execute(key_limits.insert().values(key_prefix=key_prefix, requests_per_min=requests_per_min,
                                                     tokens_per_min=tokens_per_min, updated_at=time.time()))
-        self._cache.pop(key_prefix, None)
+        self._cache.forget(key_prefix)
 
     async def limits_for(self, key_prefix: str) -> KeyLimits:
-        cached = self._cache.get(key_prefix)
-        if cached is not None and time.monotonic() - cached[0] < self.defaults.limits_cache_s:
-            return cached[1]
-        limits = await asyncio.to_thread(self._read, key_prefix)
-        self._cache[key_prefix] = (time.monotonic(), limits)
-        return limits
+        return await self._cache.get(key_prefix, lambda: self._read(key_prefix))
 
     def _read(self, key_prefix: str) -> KeyLimits:
         with self.engine.connect() as conn:

@@ -3,7 +3,6 @@
 
 import asyncio
 import threading
-import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,6 +20,7 @@ from rollout_server.settings import Settings
 from rollout_server.tiny_model import ensure_tiny_model
 from rollout_server.tokenizer import ModelTokenizer
 from tests.stack_harness import CACHE_DIR, create_key, free_port_block
+from tests.usage.support import ManualClock
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +28,14 @@ def model_dir():
     return ensure_tiny_model(0, CACHE_DIR / "models")
 
 
-def make_app(model_dir, database_url: str, recheck_s: float = 2.0) -> TestClient:
+def make_app(model_dir, database_url: str, clock=None) -> TestClient:
     settings = Settings(database_url=database_url)
     nowhere = f"http://127.0.0.1:{free_port_block(1)}"  # no engine listens here: requests must fail cleanly
     pool = Pool(PoolConfig(name="default", kind="shared"), [Deployment("default/0", None, DynamoFrontendClient(nowhere, 10), 1)])
     client = PoolRouter(PoolSet(settings, [pool]), retry_delay_s=0.01)
     ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=client,
                          metrics=Metrics(), models=ModelTable("tiny-qwen2", 0, str(model_dir)), max_model_len=32768)
-    auth = Authenticator(KeyStore(open_database(database_url)), recheck_s)
+    auth = Authenticator(KeyStore(open_database(database_url)), recheck_s=2.0, clock=clock or ManualClock())
     return TestClient(create_app(AppState(ctx=ctx, auth=auth)))
 
 
@@ -72,24 +72,28 @@ def test_open_mode_without_keys_and_503_when_the_engine_is_unreachable(tmp_path,
 def test_a_key_revoked_while_the_server_runs_stops_working_within_the_recheck_delay(tmp_path, model_dir):
     url = f"sqlite:///{tmp_path / 'keys.db'}"
     key = create_key(url, "team-a")
-    app = make_app(model_dir, url, recheck_s=0.2)
+    clock = ManualClock()
+    app = make_app(model_dir, url, clock)
     bearer = {"Authorization": f"Bearer {key}"}
     assert app.get("/v1/models", headers=bearer).status_code == 200
 
     KeyStore(open_database(url)).revoke(key[:10])  # as `rollout-serve keys revoke` does, from another process
-    assert app.get("/v1/models", headers=bearer).status_code == 200  # read 0.2 s ago: still trusted
-    time.sleep(0.25)
+    clock.advance(1.9)
+    assert app.get("/v1/models", headers=bearer).status_code == 200  # read 1.9 s ago: still trusted
+    clock.advance(0.1)
     refused = app.get("/v1/models", headers=bearer)
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
 
 
 def test_the_first_key_ends_open_mode_and_a_new_key_works_at_once(tmp_path, model_dir):
     url = f"sqlite:///{tmp_path / 'keys.db'}"
-    app = make_app(model_dir, url, recheck_s=0.2)
+    clock = ManualClock()
+    app = make_app(model_dir, url, clock)
     assert app.get("/v1/models").status_code == 200  # open mode
 
     first = create_key(url, "team-a")
-    time.sleep(0.25)
+    assert app.get("/v1/models").status_code == 200  # open mode was read 0 s ago: still trusted
+    clock.advance(2)
     assert app.get("/v1/models").status_code == 401
     assert app.get("/v1/models", headers={"Authorization": f"Bearer {first}"}).status_code == 200
     second = create_key(url, "team-b")  # never read before: looked up on its first use
