@@ -12,15 +12,16 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import AsyncIterator
 
-from engine.frontend_client import ChoiceDelta, EngineRequest
+from engine.frontend_client import ChoiceDelta, EngineChunk, EngineRequest
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, running_usage_of, sampling_for,
-    session_id_for, sse, stream_interval_for,
+    session_id_for, sse, stream_interval_for, streamed_answer,
 )
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest, TokenizeRequest
@@ -205,25 +206,25 @@ class _ChoiceStream:
         return message
 
 
-async def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generation, tool_plan: ToolPlan | None):
+def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generation,
+            tool_plan: ToolPlan | None) -> AsyncIterator[bytes]:
     base = {"id": generation.req.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": req.model, "policy_version": generation.policy_version}
     streams: dict[int, _ChoiceStream] = {}
     running_usage = req.stream_options is not None and req.stream_options.usage_in_every_chunk()
-    try:
-        async for chunk in generation.chunks():
-            for delta in chunk.deltas:
-                stream = streams.setdefault(delta.index, _ChoiceStream(delta.index, tool_plan))
-                for choice in _chunk_choices(ctx, req, stream, delta):
-                    yield sse({**base, "choices": [choice], **running_usage_of(generation, running_usage)})
-                if delta.finish_reason:
-                    result = generation.choices[delta.index]
-                    result.message, result.finish_reason = stream.message(), choice["finish_reason"]
-        if req.stream_options and req.stream_options.include_usage:
-            yield sse({**base, "choices": [], "usage": generation.usage_dict()})
-    except APIError as err:
-        yield sse(err.body())
-    yield b"data: [DONE]\n\n"
+
+    def events_of(chunk: EngineChunk) -> list[bytes]:
+        events = []
+        for delta in chunk.deltas:
+            stream = streams.setdefault(delta.index, _ChoiceStream(delta.index, tool_plan))
+            for choice in _chunk_choices(ctx, req, stream, delta):
+                events.append(sse({**base, "choices": [choice], **running_usage_of(generation, running_usage)}))
+            if delta.finish_reason:
+                result = generation.choices[delta.index]
+                result.message, result.finish_reason = stream.message(), choice["finish_reason"]
+        return events
+
+    return streamed_answer(generation, base, req.stream_options, events_of)
 
 
 def _chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, stream: _ChoiceStream, delta: ChoiceDelta) -> list[dict]:

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import AsyncIterator
 
-from engine.frontend_client import EngineRequest
+from engine.frontend_client import EngineChunk, EngineRequest
 from rollout_server.auth import Principal
-from rollout_server.errors import APIError, bad_request
+from rollout_server.errors import bad_request
 from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.generation import (
     ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, running_usage_of,
-    sampling_for, session_id_for, sse, start_all, stream_interval_for,
+    sampling_for, session_id_for, sse, start_all, stream_interval_for, streamed_answer,
 )
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
 from rollout_server.protocol import CompletionRequest, GenerateRequest
@@ -89,30 +90,29 @@ def _choice_json(ctx: ServingContext, req: CompletionRequest, g: Generation, c: 
     return body
 
 
-async def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation):
+def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation) -> AsyncIterator[bytes]:
     base = {"id": generation.req.request_id, "object": "text_completion", "created": int(time.time()),
             "model": req.model, "policy_version": generation.policy_version}
     echoed: set[int] = set()
     running_usage = req.stream_options is not None and req.stream_options.usage_in_every_chunk()
-    try:
-        async for chunk in generation.chunks():
-            for delta in chunk.deltas:
-                text = delta.text
-                if req.echo and delta.index not in echoed:
-                    echoed.add(delta.index)
-                    text = ctx.tokenizer.decode(generation.req.prompt_token_ids) + text
-                choice = {"index": delta.index, "text": text, "finish_reason": delta.finish_reason, "logprobs": None}
-                if req.logprobs is not None:
-                    choice["logprobs"] = completion_logprobs(ctx.tokenizer, delta.tokens, req.logprobs,
-                                                             req.return_tokens_as_token_ids)
-                if req.return_token_ids:
-                    choice["token_ids"] = [t.token_id for t in delta.tokens]
-                yield sse({**base, "choices": [choice], **running_usage_of(generation, running_usage)})
-        if req.stream_options and req.stream_options.include_usage:
-            yield sse({**base, "choices": [], "usage": generation.usage_dict()})
-    except APIError as err:
-        yield sse(err.body())
-    yield b"data: [DONE]\n\n"
+
+    def events_of(chunk: EngineChunk) -> list[bytes]:
+        events = []
+        for delta in chunk.deltas:
+            text = delta.text
+            if req.echo and delta.index not in echoed:
+                echoed.add(delta.index)
+                text = ctx.tokenizer.decode(generation.req.prompt_token_ids) + text
+            choice = {"index": delta.index, "text": text, "finish_reason": delta.finish_reason, "logprobs": None}
+            if req.logprobs is not None:
+                choice["logprobs"] = completion_logprobs(ctx.tokenizer, delta.tokens, req.logprobs,
+                                                         req.return_tokens_as_token_ids)
+            if req.return_token_ids:
+                choice["token_ids"] = [t.token_id for t in delta.tokens]
+            events.append(sse({**base, "choices": [choice], **running_usage_of(generation, running_usage)}))
+        return events
+
+    return streamed_answer(generation, base, req.stream_options, events_of)
 
 
 async def generate(ctx: ServingContext, req: GenerateRequest, session_header: str | None, who: Principal):

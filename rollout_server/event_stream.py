@@ -6,6 +6,11 @@ about 5% of the front door's CPU per streamed request. Here the body is sent by 
 one small task waits for the disconnect and cancels it. Cancelling the body closes the engine stream it
 reads, which aborts the request on its worker (rollout_server/disconnect.py does the same for whole
 responses).
+
+The OpenAI stream's last event, `data: [DONE]`, goes out with the end of the response in one write; the
+handlers put the answer's last chunk (and its usage) in front of it, so a stream ends in one write, not
+four, each of which woke the client. The source then only finishes: its bookkeeping (metrics, traces,
+usage) runs after the client has the whole answer, in the same turn of the event loop.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from rollout_server.disconnect import ClientWatch
+
+DONE = b"data: [DONE]\n\n"  # an event that ends with it is a stream's last
 
 
 class EventStreamResponse(Response):
@@ -30,6 +37,9 @@ class EventStreamResponse(Response):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         with ClientWatch(receive):
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            ended = False
             async for event in self.events:
-                await send({"type": "http.response.body", "body": event, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                ended = event.endswith(DONE)
+                await send({"type": "http.response.body", "body": event, "more_body": not ended})
+            if not ended:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -20,10 +20,11 @@ import msgspec
 from engine.frontend_client import ChoiceDelta, EngineChunk, EngineRequest, SampledToken
 from engine.pool_config import DEFAULT_POOL, PoolConfig
 from rollout_server.auth import Principal
-from rollout_server.errors import bad_request, unavailable
+from rollout_server.errors import APIError, bad_request, unavailable
+from rollout_server.event_stream import DONE
 from rollout_server.metrics import Metrics
 from rollout_server.pool_access import Route, route
-from rollout_server.protocol import SamplingFields
+from rollout_server.protocol import SamplingFields, StreamOptions
 from rollout_server.quotas import RateLimiter
 from rollout_server.served_models import ModelTable, ServedModel
 from rollout_server.settings import Settings
@@ -314,6 +315,31 @@ def running_usage_of(generation: Generation, wanted: bool) -> dict:
 
 def sse(payload: dict) -> bytes:
     return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+async def streamed_answer(generation: Generation, base: dict, options: StreamOptions | None,
+                          events_of: Callable[[EngineChunk], list[bytes]]) -> AsyncIterator[bytes]:
+    """A streamed answer's body: each engine chunk's events (`events_of`) in one piece. The chunk that makes the
+    answer whole carries the stream's end (the usage, when the client asked for it, and [DONE]), so the
+    response ends in the same write (rollout_server/event_stream.py); an error ends it with an error event."""
+    ended = False
+    try:
+        async for chunk in generation.chunks():
+            events = events_of(chunk)
+            if chunk.final:
+                events.append(_stream_end(generation, base, options))
+                ended = True
+            if events:
+                yield b"".join(events)
+        if not ended:
+            yield _stream_end(generation, base, options)
+    except APIError as err:
+        yield sse(err.body()) + DONE
+
+
+def _stream_end(generation: Generation, base: dict, options: StreamOptions | None) -> bytes:
+    usage = sse({**base, "choices": [], "usage": generation.usage_dict()}) if options and options.include_usage else b""
+    return usage + DONE
 
 
 def random_hex() -> str:

@@ -61,3 +61,21 @@ def test_a_server_shutdown_still_cancels_the_response():
         return closed
 
     assert asyncio.run(run()) == [True]
+
+
+def test_the_done_event_ends_the_response_in_its_own_message_and_the_source_finishes_after_it():
+    async def run():
+        client, after_done = ClientStub(), []
+
+        async def answer():
+            yield b"data: 0\n\n"
+            yield b"data: 1\n\ndata: [DONE]\n\n"
+            after_done.append(len(client.sent))  # the source's bookkeeping (metrics, traces, usage)
+
+        await EventStreamResponse(answer())({}, client.receive, client.send)
+        return client, after_done
+
+    client, after_done = asyncio.run(run())
+    assert client.bodies() == [b"data: 0\n\n", b"data: 1\n\ndata: [DONE]\n\n"]
+    assert [m["more_body"] for m in client.sent[1:]] == [True, False]  # no separate empty message to end it
+    assert after_done == [3]  # ran once the response's end was sent
