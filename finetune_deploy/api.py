@@ -42,65 +42,76 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
                            code="admin_key_required")
         return who
 
+    async def answered_early(deploying: Callable[[asyncio.Future], Awaitable[DeployProgress]]) -> PolicyVersion:
+        """Starts a deploy that goes on after the response (202); returns its version once registered. A refusal
+        before that (a bad checkpoint, another deploy running) is the response; a later failure is in the registry
+        and the progress record, and in the log."""
+        registered = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(deploying(registered))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        await asyncio.wait({registered, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not registered.done():
+            task.result()  # refused before any version was registered: raises that refusal
+        task.add_done_callback(_log_background_failure)
+        return registered.result()
+
     @router.post("/v1/admin/deployments", dependencies=[Depends(admin)])
     async def create_deployment(request: Request):
         req = parse_request(DeploymentRequest, await _json_body(request))
         _check_pool(deployer, req.pool)
-        version = _register(deployer, req.weight_update(), param="path")
-        deploying = _deploy(deployer, version, req.mode, in_flight=req.in_flight)
+        update = req.weight_update()
+
+        def deploying(registered: asyncio.Future | None = None) -> Awaitable[DeployProgress]:
+            return _registration_answer(deployer.register_and_deploy(update, req.mode, req.in_flight, registered),
+                                        update, param="path")
+
         if req.wait:
-            return _progress_response(await deploying)
-        task = asyncio.create_task(_quietly(deploying))
-        running.add(task)
-        task.add_done_callback(running.discard)
+            return _progress_response(await deploying())
+        version = await answered_early(deploying)
         return JSONResponse(_version_json(deployer, version), status_code=202,
                             headers={"Location": f"/v1/admin/deployments/{version.version}"})
 
     @router.get("/v1/admin/deployments", dependencies=[Depends(admin)])
     async def list_deployments():
-        versions = deployer.registry.list(deployer.pool)
+        versions = await asyncio.to_thread(deployer.registry.list, deployer.pool)
         return {"object": "list", "pool": deployer.pool, "data": [_version_json(deployer, v) for v in versions]}
 
     @router.get("/v1/admin/deployments/{version}", dependencies=[Depends(admin)])
     async def get_deployment(version: int):
         try:
-            found = deployer.registry.get(deployer.pool, version)
+            found = await asyncio.to_thread(deployer.registry.get, deployer.pool, version)
         except RegistryError as exc:
             raise APIError(404, str(exc), param="version", code="version_not_found") from None
         events = [{"event": e.event, "message": e.message, "created_at": e.created_at}
-                  for e in deployer.registry.events(deployer.pool, version)]
+                  for e in await asyncio.to_thread(deployer.registry.events, deployer.pool, version)]
         return {**_version_json(deployer, found), "events": events}
 
     @router.post("/v1/admin/deployments/rollback", dependencies=[Depends(admin)])
     async def rollback(request: Request):
         req = parse_request(RollbackRequest, await _json_body(request))
         _check_pool(deployer, req.pool)
-        _refuse_if_busy(deployer)
-        try:
-            target = deployer.registry.rollback(deployer.pool, req.message, req.to_version)
-        except RegistryError as exc:
-            raise bad_request(str(exc), param="to_version", code="invalid_rollback") from None
-        deploying = _deploy(deployer, target, None, action="rollback")
+
+        def deploying(registered: asyncio.Future | None = None) -> Awaitable[DeployProgress]:
+            return _rollback_answer(deployer.rollback(req.to_version, req.message, registered))
+
         if req.wait:
-            return _progress_response(await deploying)
-        task = asyncio.create_task(_quietly(deploying))
-        running.add(task)
-        task.add_done_callback(running.discard)
-        return JSONResponse(_version_json(deployer, target), status_code=202)
+            return _progress_response(await deploying())
+        return JSONResponse(_version_json(deployer, await answered_early(deploying)), status_code=202)
 
     @router.post("/update_weights", dependencies=[Depends(admin)])
     async def prime_update_weights(request: Request):
         update = parse_request(PrimeUpdateWeightsRequest, await _json_body(request)).weight_update()
-        version = _register(deployer, update, param="weight_dir")
-        return _progress_response(await _deploy(deployer, version, "all_at_once"))
+        deploying = deployer.register_and_deploy(update, "all_at_once")
+        return _progress_response(await _registration_answer(deploying, update, param="weight_dir"))
 
     @router.post("/v1/rl/update_weights", dependencies=[Depends(admin)])
     async def rl_update_weights(request: Request):
         update = parse_request(RLUpdateWeightsRequest, await _json_body(request)).weight_update()
         if update.op == "unload":
-            return _progress_response(await _unload(deployer, update.name))
-        version = _register(deployer, update, param="transport.filesystem.path")
-        return _progress_response(await _deploy(deployer, version, "all_at_once"))
+            return _progress_response(await _worker_call(deployer.unload_adapter(update.name)))
+        deploying = deployer.register_and_deploy(update, "all_at_once")
+        return _progress_response(await _registration_answer(deploying, update, param="transport.filesystem.path"))
 
     for prefix in ("", "/v1/rl"):
         router.add_api_route(f"{prefix}/pause", _pause(deployer), methods=["POST"], dependencies=[Depends(admin)])
@@ -135,17 +146,11 @@ def _check_pool(deployer: Deployer, pool: str | None) -> None:
                        code="pool_not_found")
 
 
-def _refuse_if_busy(deployer: Deployer) -> None:
-    if deployer.busy:
-        raise APIError(409, f"A deploy of pool {deployer.pool!r} is running; retry when it has finished.",
-                       code="deploy_in_progress", headers={"Retry-After": "5"})
-
-
-def _register(deployer: Deployer, update: WeightUpdate, param: str) -> PolicyVersion:
-    """Validates and numbers the checkpoint; every refusal is a 400 naming the request field."""
-    _refuse_if_busy(deployer)
+async def _registration_answer(deploying: Awaitable[DeployProgress], update: WeightUpdate,
+                               param: str) -> DeployProgress:
+    """A deploy of a new checkpoint; a refused checkpoint is a 400 naming the request field `param`."""
     try:
-        return deployer.register(update)
+        return await _worker_call(deploying)
     except CheckpointError as exc:
         raise checkpoint_api_error(exc, param=param) from None
     except LoraDisabled as exc:
@@ -155,30 +160,28 @@ def _register(deployer: Deployer, update: WeightUpdate, param: str) -> PolicyVer
                           code="invalid_version") from None
 
 
-async def _deploy(deployer: Deployer, version: PolicyVersion, mode: str | None, action: str = "deploy",
-                  in_flight: str | None = None) -> DeployProgress:
-    return await _worker_call(deployer.deploy(version, mode, action=action, in_flight=in_flight))
-
-
-async def _unload(deployer: Deployer, name: str) -> DeployProgress:
-    return await _worker_call(deployer.unload_adapter(name))
+async def _rollback_answer(deploying: Awaitable[DeployProgress]) -> DeployProgress:
+    try:
+        return await _worker_call(deploying)
+    except RegistryError as exc:
+        raise bad_request(str(exc), param="to_version", code="invalid_rollback") from None
 
 
 async def _worker_call(work):
     try:
         return await work
     except DeployBusy as exc:
-        raise APIError(409, str(exc), code="deploy_in_progress", headers={"Retry-After": "5"}) from None
+        raise APIError(409, f"{exc}; retry when it has finished.", code="deploy_in_progress",
+                       headers={"Retry-After": "5"}) from None
     except DeployError as exc:
         raise APIError(502, f"Deploy failed: {exc}", code="deploy_failed", type="api_error") from None
 
 
-async def _quietly(deploying) -> None:
-    """Background deploys: the outcome is in the registry and the progress record, not in an exception."""
-    try:
-        await deploying
-    except APIError as err:
-        log.error("background deploy: %s", err.message)
+def _log_background_failure(task: asyncio.Task) -> None:
+    """Background deploys: the outcome is in the registry and the progress record; a failure is also logged."""
+    if not task.cancelled() and task.exception() is not None:
+        error = task.exception()
+        log.error("background deploy: %s", error.message if isinstance(error, APIError) else error)
 
 
 def _version_json(deployer: Deployer, version: PolicyVersion) -> dict:

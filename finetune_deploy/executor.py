@@ -19,6 +19,7 @@ own model id; a new version of an adapter replaces the old one in place.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -108,31 +109,30 @@ class Deployer:
         return self.registry.register(self.pool, update.path, name=update.name, kind=update.kind,
                                       version=update.version)
 
-    async def deploy(self, version: PolicyVersion, mode: Mode | None = None, action: str = "deploy",
-                     in_flight: str | None = None) -> DeployProgress:
-        """Moves the pool to a registered (or, for a rollback, re-activated) version; returns when done."""
-        if self.busy:
-            raise DeployBusy(f"a deploy of pool {self.pool!r} is running; wait for it to finish")
-        async with self._lock:
-            self._in_flight = in_flight or self.settings.in_flight
-            workers = await self.list_workers()
-            if version.kind == "lora":
-                progress = self._start(version, action, "every_worker", len(workers))
-                return await self._finish(progress, self._load_adapter(version, workers, progress))
-            mode = mode or self.settings.mode
-            if mode == "rolling" and len(workers) < 2:
-                mode = "all_at_once"
-            steps = plan_rollout([w.name for w in workers], mode, version.version, version.path, "full",
-                                 kv_tiers=self._tiers())
-            progress = self._start(version, action, mode, len(steps))
-            return await self._finish(progress, self._roll(version, workers, steps, progress))
+    async def register_and_deploy(self, update: WeightUpdate, mode: Mode | None = None, in_flight: str | None = None,
+                                  registered: asyncio.Future | None = None) -> DeployProgress:
+        """Registers a checkpoint and moves the pool to it; returns when done. `registered` (if given) learns the
+        version as soon as it is numbered, for a caller that answers before the deploy ends.
 
-    async def rollback(self, to_version: int | None = None, message: str = "") -> DeployProgress:
-        target = self.registry.rollback(self.pool, message, to_version)
-        return await self.deploy(target, action="rollback")
+        The pool's deploy lock is held from before the registration, so a second deploy is refused before it
+        registers anything. Registering reads and hashes every weight file (seconds for a large checkpoint), so
+        it runs in a worker thread, as does every registry write: the event loop carries every stream."""
+        async with self._claim():
+            version = await asyncio.to_thread(self.register, update)
+            _tell(registered, version)
+            return await self._deploy(version, mode, "deploy", in_flight)
+
+    async def rollback(self, to_version: int | None = None, message: str = "",
+                       registered: asyncio.Future | None = None) -> DeployProgress:
+        """Moves the pool back to the version that served before (or `to_version`); as `register_and_deploy`."""
+        async with self._claim():
+            target = await asyncio.to_thread(self.registry.rollback, self.pool, message, to_version)
+            _tell(registered, target)
+            return await self._deploy(target, None, "rollback", None)
 
     async def unload_adapter(self, name: str) -> DeployProgress:
-        adapter = next((a for a in self.registry.serving_adapters(self.pool) if a.name == name), None)
+        serving = await asyncio.to_thread(self.registry.serving_adapters, self.pool)
+        adapter = next((a for a in serving if a.name == name), None)
         if adapter is None:
             raise DeployError(f"pool {self.pool!r} serves no adapter named {name!r}")
         async with self._lock:
@@ -145,7 +145,7 @@ class Deployer:
             errors = await _unload_quietly(name, workers)
             progress.steps_done, progress.error = len(workers), "; ".join(errors) or None
             self.models.adapter_unloaded(name)
-            self.registry.unload_adapter(self.pool, name)
+            await asyncio.to_thread(self.registry.unload_adapter, self.pool, name)
             progress.status, progress.finished_at = "retired", time.time()
             return progress
 
@@ -159,26 +159,27 @@ class Deployer:
 
     async def restore(self) -> None:
         """After a restart the workers run the base weights: put back what the registry says serves."""
-        current = self.registry.current(self.pool)
+        current = await asyncio.to_thread(self.registry.current, self.pool)
         if current is not None and current.version != self.models.base.policy_version:
             log.info("pool %s: restoring version %d (%s)", self.pool, current.version, current.path)
             await self._apply_everywhere(current)
-        for adapter in self._serving_adapters():
+        for adapter in await self._serving_adapters():
             log.info("pool %s: reloading adapter %s version %d", self.pool, adapter.name, adapter.version)
             workers = await self.list_workers()
-            await self._load_adapter(adapter, workers, self._start(adapter, "restore", "every_worker", len(workers)))
+            progress = await self._start(adapter, "restore", "every_worker", len(workers))
+            await self._load_adapter(adapter, workers, progress)
 
     async def load_serving_adapters(self, workers: list[WorkerHandle]) -> None:
         """Gives workers started after the deploys (restarted or scaled up: they start on the served weights,
         engine/pools.py) the adapters served beside those weights."""
-        for adapter in self._serving_adapters():
+        for adapter in await self._serving_adapters():
             for worker in workers:
                 await WorkerControl(worker).load_lora(adapter.name, Path(adapter.path))
             log.info("pool %s: adapter %s version %d loaded on %s", self.pool, adapter.name, adapter.version,
                      ", ".join(w.name for w in workers))
 
-    def _serving_adapters(self) -> list[PolicyVersion]:
-        adapters = self.registry.serving_adapters(self.pool)
+    async def _serving_adapters(self) -> list[PolicyVersion]:
+        adapters = await asyncio.to_thread(self.registry.serving_adapters, self.pool)
         if adapters and not self.lora_enabled:
             log.warning("pool %s: adapters %s are registered as serving, but the workers run without LoRA "
                         "support (start them with --enable-lora to serve them)", self.pool,
@@ -186,12 +187,35 @@ class Deployer:
             return []
         return adapters
 
+    @contextlib.asynccontextmanager
+    async def _claim(self):
+        """The pool's deploy lock, or DeployBusy at once when another deploy holds it."""
+        if self.busy:
+            raise DeployBusy(f"a deploy of pool {self.pool!r} is running; wait for it to finish")
+        async with self._lock:
+            yield
+
+    async def _deploy(self, version: PolicyVersion, mode: Mode | None, action: str,
+                      in_flight: str | None) -> DeployProgress:
+        """Moves the pool to a registered (or, for a rollback, re-activated) version; the caller holds the lock."""
+        self._in_flight = in_flight or self.settings.in_flight
+        workers = await self.list_workers()
+        if version.kind == "lora":
+            progress = await self._start(version, action, "every_worker", len(workers))
+            return await self._finish(progress, self._load_adapter(version, workers, progress))
+        mode = mode or self.settings.mode
+        if mode == "rolling" and len(workers) < 2:
+            mode = "all_at_once"
+        steps = self._plan(workers, mode, version)
+        progress = await self._start(version, action, mode, len(steps))
+        return await self._finish(progress, self._roll(version, workers, steps, progress))
+
     # ---- full weights --------------------------------------------------------------------------
 
     async def _roll(self, version: PolicyVersion, workers: list[WorkerHandle], steps: list[Step],
                     progress: DeployProgress) -> None:
         by_name = {w.name: w for w in workers}
-        old = self.registry.current(self.pool)
+        old = await asyncio.to_thread(self.registry.current, self.pool)
         paused: set[str] = set()
         switched: set[str] = set()
         try:
@@ -244,9 +268,14 @@ class Deployer:
 
     async def _apply_everywhere(self, version: PolicyVersion) -> None:
         workers = await self.list_workers()
-        steps = plan_rollout([w.name for w in workers], "all_at_once", version.version, version.path, "full",
-                             kv_tiers=self._tiers())
-        await self._roll(version, workers, steps, self._start(version, "restore", "all_at_once", len(steps)))
+        steps = self._plan(workers, "all_at_once", version)
+        await self._roll(version, workers, steps, await self._start(version, "restore", "all_at_once", len(steps)))
+
+    def _plan(self, workers: list[WorkerHandle], mode: Mode, version: PolicyVersion) -> list[Step]:
+        if not workers:  # a pool scaled to zero: the workers it starts later load the version it serves
+            return []
+        return plan_rollout([w.name for w in workers], mode, version.version, version.path, "full",
+                            kv_tiers=self._tiers())
 
     async def _reset_tiers(self, worker: WorkerHandle, tiers: tuple[str, ...], version: int) -> None:
         if "device" in tiers:
@@ -280,14 +309,14 @@ class Deployer:
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
-    def _start(self, version: PolicyVersion, action: str, mode: str, steps_total: int) -> DeployProgress:
+    async def _start(self, version: PolicyVersion, action: str, mode: str, steps_total: int) -> DeployProgress:
         progress = DeployProgress(self.pool, version.version, version.kind, version.name, action, mode,
                                   steps_total=steps_total)
         self.history.append(progress)
         if action != "restore":
             message = f"{action}: {mode} over {steps_total} steps"
             if version.status != "deploying":  # a rollback target is already deploying
-                self.registry.mark_status(self.pool, version.version, "deploying", message)
+                await asyncio.to_thread(self.registry.mark_status, self.pool, version.version, "deploying", message)
         log.info("pool %s: %s version %d (%s, %s)", self.pool, action, version.version, version.kind, mode)
         return progress
 
@@ -296,15 +325,20 @@ class Deployer:
             await work
         except DeployError as exc:
             progress.status, progress.error, progress.finished_at = "failed", str(exc), time.time()
-            self.registry.mark_status(self.pool, progress.version, "failed", str(exc))
+            await asyncio.to_thread(self.registry.mark_status, self.pool, progress.version, "failed", str(exc))
             log.error("pool %s: version %d failed: %s", self.pool, progress.version, exc)
             raise
         progress.status, progress.finished_at = "serving", time.time()
-        self.registry.mark_status(self.pool, progress.version, "serving",
-                                  f"{progress.action} done in {progress.finished_at - progress.started_at:.1f}s")
+        await asyncio.to_thread(self.registry.mark_status, self.pool, progress.version, "serving",
+                                f"{progress.action} done in {progress.finished_at - progress.started_at:.1f}s")
         log.info("pool %s: version %d serving after %.1fs", self.pool, progress.version,
                  progress.finished_at - progress.started_at)
         return progress
+
+
+def _tell(registered: asyncio.Future | None, version: PolicyVersion) -> None:
+    if registered is not None and not registered.done():
+        registered.set_result(version)
 
 
 async def _unload_quietly(name: str, workers: list[WorkerHandle]) -> list[str]:

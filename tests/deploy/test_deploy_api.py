@@ -4,6 +4,10 @@ The deployer here gets a test double for its worker list (a pool with no reachab
 worker); everything that touches real workers is in test_live_deploys.py.
 """
 
+import asyncio
+import threading
+
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
@@ -24,20 +28,39 @@ async def no_workers_double():
     return []
 
 
-@pytest.fixture
-def app_and_keys(tmp_path, base_dir):
+class RegistrationHeldRegistry(CheckpointRegistry):
+    """Test double of the registry: a registration waits (in whatever thread runs it) until the test lets it go."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def register(self, *args, **kwargs):
+        self.entered.set()
+        self.release.wait(timeout=10)  # bounded: run on the event loop, it would stall the test, not hang it
+        return super().register(*args, **kwargs)
+
+
+def deploy_app(tmp_path, base_dir, registry_class=CheckpointRegistry):
+    """The front door app with only its deploy routes' state: (app, admin headers, member headers, registry)."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
     database = open_database(url)
     keys = KeyStore(database)
     admin, member = keys.create("ops", is_admin=True), keys.create("team-a")
-    registry = CheckpointRegistry(create_engine(url))
+    registry = registry_class(create_engine(url))
     registry.register_base("default", base_dir, "tiny-qwen2")
     models = ModelTable("tiny-qwen2", 0, str(base_dir))
     deployer = Deployer(registry, models, no_workers_double, DeploySettings())
     ctx = ServingContext(settings=Settings(database_url=url), tokenizer=None, client=None, metrics=Metrics(),
                          models=models, max_model_len=32768)
-    app = TestClient(create_app(AppState(ctx=ctx, auth=Authenticator(keys), deployer=deployer)))
-    return app, {"Authorization": f"Bearer {admin}"}, {"Authorization": f"Bearer {member}"}
+    app = create_app(AppState(ctx=ctx, auth=Authenticator(keys), deployer=deployer))
+    return app, {"Authorization": f"Bearer {admin}"}, {"Authorization": f"Bearer {member}"}, registry
+
+
+@pytest.fixture
+def app_and_keys(tmp_path, base_dir):
+    app, admin, member, _ = deploy_app(tmp_path, base_dir)
+    return TestClient(app), admin, member
 
 
 @pytest.mark.parametrize("path, body", [
@@ -89,3 +112,38 @@ def test_a_lora_adapter_for_workers_without_lora_is_refused_naming_the_flag(app_
         assert "--enable-lora" in error["message"]
     listed = app.get("/v1/admin/deployments", headers=admin).json()
     assert [v["version"] for v in listed["data"]] == [0]  # nothing was registered
+
+
+def test_a_registration_runs_off_the_event_loop_and_holds_off_a_second_deploy(tmp_path, base_dir, finetuned_dir):
+    """Registering hashes every weight file (seconds for a large checkpoint): meanwhile the server answers, and
+    a second deploy or a rollback is refused (409) before it registers anything. (The pool here has no worker,
+    as a pool scaled to zero: the deploy then has nothing to move, and the version serves at once.)"""
+    app, admin, _, registry = deploy_app(tmp_path, base_dir, RegistrationHeldRegistry)
+    first_path = str(copy_checkpoint(finetuned_dir, tmp_path / "step-100"))
+    second_path = str(copy_checkpoint(finetuned_dir, tmp_path / "step-200"))
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://front") as client:
+            first = asyncio.create_task(client.post("/v1/admin/deployments", json={"path": first_path}, headers=admin))
+            assert await asyncio.to_thread(registry.entered.wait, 10)
+            listed = await asyncio.wait_for(client.get("/v1/admin/deployments", headers=admin), 5)
+            second = await asyncio.wait_for(
+                client.post("/v1/admin/deployments", json={"path": second_path}, headers=admin), 5)
+            rollback = await asyncio.wait_for(client.post("/v1/admin/deployments/rollback", json={}, headers=admin), 5)
+            registry.release.set()
+            first = await asyncio.wait_for(first, 30)
+            for _ in range(100):  # the deploy goes on after its 202 (no workers here: it ends at once)
+                after = (await client.get("/v1/admin/deployments", headers=admin)).json()["data"]
+                if after[-1]["status"] == "serving":
+                    break
+                await asyncio.sleep(0.05)
+            return listed, second, rollback, first, after
+
+    listed, second, rollback, first, after = asyncio.run(run())
+    assert [v["version"] for v in listed.json()["data"]] == [0]  # answered while the registration ran
+    for refused in (second, rollback):
+        assert (refused.status_code, refused.json()["error"]["code"]) == (409, "deploy_in_progress")
+        assert refused.headers["retry-after"] == "5"
+    assert first.status_code == 202 and first.json()["version"] == 1
+    assert [(v["version"], v["path"], v["status"]) for v in after] == [
+        (0, str(base_dir.resolve()), "retired"), (1, str((tmp_path / "step-100").resolve()), "serving")]
