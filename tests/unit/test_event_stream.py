@@ -63,7 +63,7 @@ def test_a_server_shutdown_still_cancels_the_response():
     assert asyncio.run(run()) == [True]
 
 
-def test_the_done_event_ends_the_response_in_its_own_message_and_the_source_finishes_after_it():
+def test_the_done_event_goes_out_with_the_end_of_the_response_and_the_source_finishes_after_it():
     async def run():
         client, after_done = ClientStub(), []
 
