@@ -99,16 +99,6 @@ class Deployer:
 
     # ---- what the API asks for ---------------------------------------------------------------
 
-    def register(self, update: WeightUpdate) -> PolicyVersion:
-        """Validates and numbers a checkpoint (CheckpointError / RegistryError / LoraDisabled when refused);
-        touches no worker."""
-        if update.kind == "lora" and not self.lora_enabled:
-            raise LoraDisabled(f"the workers of pool {self.pool!r} run without LoRA support, so they cannot load "
-                               "an adapter: start them with `rollout-serve up --enable-lora` (or "
-                               "ROLLOUT_SERVE_ENABLE_LORA=true), or deploy the adapter merged into full weights")
-        return self.registry.register(self.pool, update.path, name=update.name, kind=update.kind,
-                                      version=update.version)
-
     async def register_and_deploy(self, update: WeightUpdate, mode: Mode | None = None, in_flight: str | None = None,
                                   registered: asyncio.Future | None = None) -> DeployProgress:
         """Registers a checkpoint and moves the pool to it; returns when done. `registered` (if given) learns the
@@ -118,7 +108,7 @@ class Deployer:
         registers anything. Registering reads and hashes every weight file (seconds for a large checkpoint), so
         it runs in a worker thread, as does every registry write: the event loop carries every stream."""
         async with self._claim():
-            version = await asyncio.to_thread(self.register, update)
+            version = await asyncio.to_thread(self._register, update)
             _tell(registered, version)
             return await self._deploy(version, mode, "deploy", in_flight)
 
@@ -186,6 +176,16 @@ class Deployer:
                         ", ".join(a.name for a in adapters))
             return []
         return adapters
+
+    def _register(self, update: WeightUpdate) -> PolicyVersion:
+        """Validates and numbers a checkpoint (CheckpointError / RegistryError / LoraDisabled when refused);
+        touches no worker. Only under the deploy lock (`register_and_deploy`): a second deploy must not register."""
+        if update.kind == "lora" and not self.lora_enabled:
+            raise LoraDisabled(f"the workers of pool {self.pool!r} run without LoRA support, so they cannot load "
+                               "an adapter: start them with `rollout-serve up --enable-lora` (or "
+                               "ROLLOUT_SERVE_ENABLE_LORA=true), or deploy the adapter merged into full weights")
+        return self.registry.register(self.pool, update.path, name=update.name, kind=update.kind,
+                                      version=update.version)
 
     @contextlib.asynccontextmanager
     async def _claim(self):
