@@ -23,6 +23,7 @@ import msgspec
 
 from engine import stream_interval
 from rollout_server.errors import APIError, bad_request, unavailable
+from rollout_server.http_headers import header_value
 
 log = logging.getLogger(__name__)
 
@@ -217,9 +218,9 @@ class DynamoFrontendClient:
             raise RefusedBeforeOutput(error) from None
 
     async def _stream(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
-        headers = {"x-request-id": req.request_id, "content-type": "application/json"}
+        headers = {"x-request-id": header_value(req.request_id), "content-type": "application/json"}
         if req.session_id:
-            headers["x-dynamo-session-id"] = req.session_id[:256]
+            headers["x-dynamo-session-id"] = header_value(req.session_id)[:256]
         # msgspec, not aiohttp's json.dumps: a 140k-token prompt encodes in 0.7 ms instead of 12 ms of event loop
         body = msgspec.json.encode(self._body(req))
         resp = None

@@ -15,7 +15,7 @@ import json
 import logging
 from typing import Awaitable, Callable
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 
 from finetune_deploy.api_models import (
@@ -78,7 +78,7 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
         return {"object": "list", "pool": deployer.pool, "data": [_version_json(deployer, v) for v in versions]}
 
     @router.get("/v1/admin/deployments/{version}", dependencies=[Depends(admin)])
-    async def get_deployment(version: int):
+    async def get_deployment(version: int = Path(ge=0, le=2**63 - 1)):  # a 64-bit database integer
         try:
             found = await asyncio.to_thread(deployer.registry.get, deployer.pool, version)
         except RegistryError as exc:
@@ -136,7 +136,9 @@ def _resume(deployer: Deployer):
 async def _json_body(request: Request) -> object:
     try:
         return json.loads(await request.body() or b"{}")
-    except json.JSONDecodeError as exc:
+    except RecursionError:
+        raise bad_request("Malformed JSON in request body: nested too deeply", code="invalid_json") from None
+    except ValueError as exc:  # json.JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
         raise bad_request(f"Malformed JSON in request body: {exc}", code="invalid_json") from None
 
 

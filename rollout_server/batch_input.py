@@ -90,8 +90,13 @@ def _parse_line(raw: bytes, line_no: int, offset: int) -> InputLine:
         raise _LineProblem(f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
     except UnicodeDecodeError as exc:
         raise _LineProblem(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    except RecursionError:
+        raise _LineProblem("not valid JSON (nested too deeply)") from None
     if not isinstance(request, dict):
         raise _LineProblem("must be a JSON object")
+    if _has_lone_surrogate(request):
+        raise _LineProblem("holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape that is not half of a pair): "
+                           "not text that can be stored or tokenized")
     custom_id = _required(request, "custom_id", str)
     if not custom_id or len(custom_id) > MAX_CUSTOM_ID_CHARS:
         raise _LineProblem(f"custom_id must be 1 to {MAX_CUSTOM_ID_CHARS} characters", "custom_id")
@@ -105,6 +110,14 @@ def _parse_line(raw: bytes, line_no: int, offset: int) -> InputLine:
     if unknown:
         raise _LineProblem(f"unknown field {unknown[0]!r}", unknown[0])
     return InputLine(line_no, custom_id, url, offset, len(raw))
+
+
+def _has_lone_surrogate(request: dict) -> bool:
+    try:
+        json.dumps(request, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _required(request: dict, name: str, kind: type):

@@ -170,12 +170,12 @@ class BatchStore:
             conn.execute(batch_files.insert().values(**asdict(stored)))
         return stored
 
-    def get_file(self, file_id: str, team: str) -> StoredFile:
+    def get_file(self, file_id: str, team: str, param: str = "file_id") -> StoredFile:
         with self.engine.connect() as conn:
             row = conn.execute(select(batch_files).where(batch_files.c.id == file_id,
                                                          batch_files.c.team == team)).first()
         if row is None:
-            raise APIError(404, f"No such file: {file_id}", param="file_id", code="file_not_found")
+            raise APIError(404, f"No such file: {file_id}", param=param, code="file_not_found")
         return StoredFile(**row._mapping)
 
     def path_of(self, file_id: str) -> Path:
@@ -190,7 +190,7 @@ class BatchStore:
                               param="endpoint", code="invalid_value")
         if completion_window not in COMPLETION_WINDOWS:
             raise bad_request("completion_window must be '24h'", param="completion_window", code="invalid_value")
-        stored = self.get_file(input_file_id, team)
+        stored = self.get_file(input_file_id, team, param="input_file_id")
         if stored.purpose != INPUT_PURPOSE:
             raise bad_request(f"file {input_file_id} has purpose {stored.purpose!r}, not 'batch'",
                               param="input_file_id", code="invalid_value")

@@ -20,8 +20,8 @@ from rollout_server.errors import APIError, bad_request
 from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.generation import (
-    ChoiceResult, Generation, ServingContext, check_prompt, new_request_id, running_usage_of, sampling_for,
-    session_id_for, sse, stream_interval_for, streamed_answer,
+    ChoiceResult, Generation, ServingContext, check_prompt, check_prompt_chars, new_request_id, running_usage_of,
+    sampling_for, session_id_for, sse, stream_interval_for, streamed_answer,
 )
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest, TokenizeRequest
@@ -103,11 +103,15 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
 
 
 async def prompt_ids_for(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest,
-                         named_session: str | None, add_special_tokens: bool = False) -> list[int]:
+                         named_session: str | None, add_special_tokens: bool = False,
+                         within_context: bool = False) -> list[int]:
     """The conversation's prompt ids, rendered with the model's chat template. `named_session`: a session the
-    client named (`team_session`), whose next turn is likely to extend this prompt."""
+    client named (`team_session`), whose next turn is likely to extend this prompt. `within_context`: a
+    conversation surely over the context window is refused before it is rendered (/tokenize counts any)."""
     messages = _messages(ctx, req)
     chars = sum(len(m["content"]) for m in messages) + sum(len(str(d)) for d in req.documents or ())
+    if within_context:
+        check_prompt_chars(ctx, chars, "messages")
     try:
         return await tokenize_off_the_loop(chars, lambda: ctx.tokenizer.render_chat(
             messages, req.tools, req.add_generation_prompt, req.continue_final_message, req.documents,
@@ -120,8 +124,9 @@ async def prompt_ids_for(ctx: ServingContext, req: ChatCompletionRequest | Token
 
 async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, session_id: str,
                                tool_plan: ToolPlan | None, named_session: str | None = None) -> EngineRequest:
-    prompt_ids = await prompt_ids_for(ctx, req, named_session, req.add_special_tokens)
-    max_tokens = check_prompt(ctx, prompt_ids, req.max_new_tokens, "messages")
+    prompt_ids = await prompt_ids_for(ctx, req, named_session, req.add_special_tokens, within_context=True)
+    max_tokens = check_prompt(ctx, prompt_ids, req.max_new_tokens, "messages",
+                              "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
     guided = tool_plan.guided if tool_plan else guided_for(req.response_format, req.structured_outputs)
     return EngineRequest(
         model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,

@@ -11,8 +11,8 @@ from rollout_server.errors import bad_request
 from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.generation import (
-    ChoiceResult, Generation, ServingContext, check_prompt, gather_generations, new_request_id, running_usage_of,
-    sampling_for, session_id_for, sse, start_all, stream_interval_for, streamed_answer,
+    ChoiceResult, Generation, ServingContext, check_prompt, check_prompt_chars, gather_generations, new_request_id,
+    running_usage_of, sampling_for, session_id_for, sse, start_all, stream_interval_for, streamed_answer,
 )
 from rollout_server.logprobs import completion_logprobs, generate_logprobs
 from rollout_server.protocol import CompletionRequest, GenerateRequest
@@ -27,6 +27,9 @@ async def _prompts_as_ids(ctx: ServingContext, prompt, add_special_tokens: bool 
         prompt = [prompt]
     elif prompt and isinstance(prompt[0], int):  # the request's union validated a uniform list
         return [list(prompt)]
+    for text in prompt:
+        if isinstance(text, str):
+            check_prompt_chars(ctx, len(text), "prompt")
     chars = sum(len(p) for p in prompt if isinstance(p, str))
     encode = ctx.tokenizer.encode_prompt if add_special_tokens else ctx.tokenizer.encode
     return await tokenize_off_the_loop(chars, lambda: [encode(p) if isinstance(p, str) else list(p) for p in prompt])
@@ -121,7 +124,7 @@ async def generate(ctx: ServingContext, req: GenerateRequest, session_header: st
     if req.stream:
         raise bad_request("streaming is not supported on /inference/v1/generate", param="stream")
     params = req.sampling_params
-    max_tokens = check_prompt(ctx, req.token_ids, params.max_tokens, "token_ids")
+    max_tokens = check_prompt(ctx, req.token_ids, params.max_tokens, "token_ids", "sampling_params.max_tokens")
     engine_request = EngineRequest(
         model=req.model, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
         max_tokens=max_tokens, sampling=sampling_for(ctx, params, max_tokens, "sampling_params."), top_logprobs=params.logprobs or 0,

@@ -50,6 +50,8 @@ class MsgspecRequest(Request):
                 position = _BYTE_POSITION.search(str(exc))
                 raise json.JSONDecodeError(str(exc), body.decode(errors="replace"),
                                            int(position.group(1)) if position else 0) from None
+            except RecursionError:
+                raise json.JSONDecodeError("nested too deeply", "", 0) from None
         return self._json
 
     def _too_large(self) -> HTTPException:

@@ -22,6 +22,7 @@ from engine.pool_config import DEFAULT_POOL, PoolConfig
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request, unavailable
 from rollout_server.event_stream import DONE
+from rollout_server.http_headers import header_value
 from rollout_server.metrics import Metrics
 from rollout_server.pool_access import Route, route
 from rollout_server.protocol import SamplingFields, StreamOptions
@@ -138,8 +139,19 @@ def check_in_vocabulary(ctx: ServingContext, ids: list[int], param: str) -> None
                           param=param, code="token_out_of_vocabulary")
 
 
-def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | None, prompt_param: str) -> int:
-    """Validates the prompt against the vocabulary and context window; returns the max_tokens to use."""
+def check_prompt_chars(ctx: ServingContext, chars: int, prompt_param: str) -> None:
+    """Refuses a text prompt surely over the context window before it is tokenized."""
+    at_least = ctx.tokenizer.fewest_tokens(chars)
+    if at_least > ctx.max_model_len:
+        raise bad_request(f"This model's maximum context length is {ctx.max_model_len} tokens. However, your prompt "
+                          f"has at least {at_least} tokens ({chars} characters).", param=prompt_param,
+                          code="context_length_exceeded")
+
+
+def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | None, prompt_param: str,
+                 max_tokens_param: str = "max_tokens") -> int:
+    """Validates the prompt against the vocabulary and context window; returns the max_tokens to use
+    (`max_tokens_param`: the client's field that set it, named in errors)."""
     check_in_vocabulary(ctx, prompt_ids, prompt_param)
     room = ctx.max_model_len - len(prompt_ids)
     if room <= 0:
@@ -151,7 +163,7 @@ def check_prompt(ctx: ServingContext, prompt_ids: list[int], max_tokens: int | N
         raise bad_request(f"This model's maximum context length is {ctx.max_model_len} tokens. However, you requested "
                           f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the prompt, {max_tokens} for the "
                           f"completion). Please reduce the length of the prompt or max_tokens.",
-                          param="max_tokens", code="context_length_exceeded")
+                          param=max_tokens_param, code="context_length_exceeded")
     return max_tokens
 
 
@@ -294,8 +306,8 @@ class Generation:
         )
 
     def response_headers(self) -> dict[str, str]:
-        headers = {"x-request-id": self.req.request_id, "x-policy-version": str(self.policy_version),
-                   "x-session-id": self.req.session_id or "", "x-pool": self.req.pool}
+        headers = {"x-request-id": header_value(self.req.request_id), "x-policy-version": str(self.policy_version),
+                   "x-session-id": header_value(self.req.session_id or ""), "x-pool": self.req.pool}
         if self.worker_id:
             headers["x-worker-id"] = self.worker_id
         return headers

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
 
 
 # vLLM request fields whose effect this server cannot give: Dynamo's completions API does not carry them to
@@ -32,8 +32,17 @@ CANNOT_APPLY = {
 }
 
 
+# Dynamo's completions API carries every generation to the engine; these are its limits, checked here so that a
+# value past them is a 400 naming the client's field, not Dynamo's message with no field.
+MAX_LOGPROBS = 5                  # alternatives per position (OpenAI's completions limit)
+MAX_STOP_TOKEN_IDS = 32
+MAX_REPETITION_PENALTY = 2.0
+MAX_INT32 = 2**31 - 1             # top_k and the stream interval are 32-bit integers on the engine's way
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # inf and NaN are refused: JSON has neither, and the engine would be sent null (the field silently ignored)
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     @field_validator(*CANNOT_APPLY, check_fields=False)
     @classmethod
@@ -49,15 +58,15 @@ class SamplingFields(_Request):
 
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=MAX_INT32)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=64)
     seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)
     stop: str | list[str] | None = None
-    stop_token_ids: list[NonNegativeInt] | None = None
+    stop_token_ids: list[NonNegativeInt] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, le=MAX_REPETITION_PENALTY)
     min_tokens: NonNegativeInt | None = None
     ignore_eos: bool | None = None
     skip_special_tokens: bool | None = None
@@ -82,6 +91,8 @@ class SamplingFields(_Request):
     def _stop_list(cls, v):
         if isinstance(v, str):
             v = [v]
+        if v == []:
+            return None  # no stop sequence (the engine refuses an empty list)
         if v is not None and len(v) > 16:
             raise ValueError("at most 16 stop sequences")
         if v is not None and "" in v:
@@ -133,6 +144,14 @@ class ChatTemplateFields(_Request):
     documents: list[dict[str, Any]] | None = None
     chat_template: Any = None                           # CANNOT_APPLY: refused when set
 
+    @field_validator("continue_final_message")
+    @classmethod
+    def _one_way_to_end(cls, v, info):
+        if v and info.data.get("add_generation_prompt"):
+            raise ValueError("continue_final_message needs add_generation_prompt set to false (the answer either "
+                             "continues the last message or starts a new one)")
+        return v
+
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_variables_only(cls, v):
@@ -149,10 +168,10 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stream_interval: int | None = Field(None, ge=1)     # tokens per streamed message (the server's setting if unset)
+    stream_interval: int | None = Field(None, ge=1, le=MAX_INT32)  # tokens per streamed message (else the server's)
     session_id: str | None = None                       # as X-Session-ID (the header wins)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
@@ -172,11 +191,12 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     def max_new_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
-    @model_validator(mode="after")
-    def _check(self):
-        if self.top_logprobs and not self.logprobs:
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, v, info):
+        if v and not info.data.get("logprobs"):
             raise ValueError("top_logprobs requires logprobs to be true")
-        return self
+        return v
 
 
 class CompletionRequest(SamplingFields):
@@ -187,10 +207,10 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stream_interval: int | None = Field(None, ge=1)
+    stream_interval: int | None = Field(None, ge=1, le=MAX_INT32)
     session_id: str | None = None
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_special_tokens: bool = True                     # for text prompts: the tokenizer's own (a BOS), as vLLM
     suffix: str | None = None
     return_tokens_as_token_ids: bool = False
@@ -211,7 +231,7 @@ class GenerateSamplingParams(SamplingFields):
     """vLLM SamplingParams, as verifiers' train mode sends them."""
 
     max_tokens: int | None = Field(None, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
 class GenerateRequest(_Request):
@@ -220,7 +240,7 @@ class GenerateRequest(_Request):
     model: str
     token_ids: list[NonNegativeInt] = Field(min_length=1)
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
-    request_id: str | None = None
+    request_id: str | None = Field(None, min_length=1, max_length=256)
     stream: bool = False
 
 

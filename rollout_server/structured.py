@@ -9,13 +9,12 @@ compile to: the same language, enforced by the same backend.
 from __future__ import annotations
 
 import json
-import re
 from functools import lru_cache
 
 import xgrammar
 
 from rollout_server.errors import bad_request
-from rollout_server.tool_calls.structural_tag import json_schema_content
+from rollout_server.tool_calls.structural_tag import json_schema_content, xgrammar_reason
 
 
 def guided_for(response_format: dict | None, structured_outputs: dict | None, param_prefix: str = "") -> dict:
@@ -35,7 +34,11 @@ def _guided_for_response_format(response_format: dict | None, param: str = "resp
     if kind == "json_object":
         return {"guided_grammar": compact_json_grammar({"type": "object"}, param)}
     if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema")
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise bad_request("response_format.json_schema must be an object with a schema",
+                              param=f"{param}.json_schema")
+        schema = spec.get("schema")
         if not isinstance(schema, dict):
             raise bad_request("response_format.json_schema.schema must be a JSON schema object",
                               param=f"{param}.json_schema.schema")
@@ -44,7 +47,6 @@ def _guided_for_response_format(response_format: dict | None, param: str = "resp
                       param=f"{param}.type")
 
 
-_XGRAMMAR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
 _STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
@@ -93,9 +95,7 @@ def _compiled(compile, source: str, param: str):
     try:
         return compile(source)
     except (RuntimeError, ValueError) as exc:
-        # xgrammar's messages start with a time and a C++ source location: "[05:30:03] /project/cpp/x.cc:83: ..."
-        reason = _XGRAMMAR_PREFIX.sub("", str(exc).strip())
-        raise bad_request(f"the constraint cannot be enforced: {reason}", param=param) from None
+        raise bad_request(f"the constraint cannot be enforced: {xgrammar_reason(exc)}", param=param) from None
 
 
 @lru_cache(maxsize=512)

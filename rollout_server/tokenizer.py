@@ -54,7 +54,14 @@ class ModelTokenizer:
         self.vocab_size = len(self.hf)
         self.eos_token_id = self.hf.eos_token_id
         self._added = {tok.content for tok in self.hf.added_tokens_decoder.values()}
+        self.max_token_chars = max(len(token) for token in self.hf.get_vocab())  # the longest token, in characters
         self.session_prompts = session_prompts_for(self.hf, self.encode, session_prompt_tokens)
+
+    def fewest_tokens(self, chars: int) -> int:
+        """At least how many tokens `chars` characters of text become, known without tokenizing them (a minute
+        for 20 MB): a token stands for at most `max_token_chars` characters of normalized text, and Unicode
+        normalization (NFC) folds at most 3 characters into one."""
+        return chars // (3 * self.max_token_chars)
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False)

@@ -28,7 +28,7 @@ class RewardItem(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     request_id: str | None = None
     session_id: str | None = None
-    choice_index: int | None = pydantic.Field(default=None, ge=0)
+    choice_index: int | None = pydantic.Field(default=None, ge=0, le=2**31 - 1)
     reward: float | None = None
     advantage: float | None = None
     metrics: dict[str, float] = {}
@@ -54,9 +54,13 @@ def rewards_router(capture_or_store: TraceCapture | TraceStore,
     async def post_rewards(request: Request):
         team = await team_of_request(request)
         try:
-            body = RewardsBody.model_validate(json.loads(await request.body()))
-        except json.JSONDecodeError as exc:
+            raw = json.loads(await request.body())
+        except RecursionError:
+            return error_response(400, "body is not valid JSON: nested too deeply", None, "invalid_json")
+        except ValueError as exc:  # json.JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
             return error_response(400, f"body is not valid JSON: {exc}", None, "invalid_json")
+        try:
+            body = RewardsBody.model_validate(raw)
         except pydantic.ValidationError as exc:
             first = exc.errors()[0]
             param = ".".join(str(p) for p in first["loc"]) or None

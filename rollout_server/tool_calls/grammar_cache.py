@@ -24,6 +24,7 @@ import xgrammar
 
 from rollout_server.tool_calls.base import ToolCallFormat
 from rollout_server.tool_calls.request import ToolRequestError, validate_tool_request
+from rollout_server.tool_calls.structural_tag import xgrammar_reason
 
 
 @dataclass
@@ -85,7 +86,8 @@ class GrammarCache:
             else:
                 self.compiler.compile_structural_tag(tag_json)
         except (RuntimeError, ValueError) as error:
-            raise ToolRequestError(f"the tools cannot be turned into a grammar: {error}", "tools") from None
+            raise ToolRequestError(f"the tools cannot be turned into a grammar: {xgrammar_reason(error)}",
+                                   "tools") from None
         finally:
             self.stats.compile_seconds += time.perf_counter() - started
         return tag_json

@@ -12,6 +12,7 @@ choice and parallel_tool_calls decide how the tags combine:
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from rollout_server.tool_calls.request import FunctionTool, ToolChoice
@@ -26,6 +27,8 @@ MAX_WHITESPACE_PER_GAP = 1
 # the model would be forced to mangle its text. Lengths are dropped instead (the raw
 # XML style has no such problem).
 _STRING_LENGTH_BOUNDS = ("minLength", "maxLength")
+# xgrammar's messages start with a time and a C++ source location: "[05:30:03] /project/cpp/x.cc:83: ..."
+_XGRAMMAR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
@@ -100,3 +103,8 @@ def combine_tags(
 
 def tags_for(tools: list[FunctionTool], make_tag) -> dict[str, dict[str, Any]]:
     return {tool.name: make_tag(tool) for tool in tools}
+
+
+def xgrammar_reason(error: Exception) -> str:
+    """An xgrammar error's message without its time and C++ source location."""
+    return _XGRAMMAR_PREFIX.sub("", str(error).strip())

@@ -1,5 +1,8 @@
 """Every client mistake is an OpenAI-shaped 4xx naming the field; never a 500, never a hang."""
 
+import time
+from urllib.parse import unquote
+
 import httpx
 import openai
 import pytest
@@ -24,9 +27,10 @@ def assert_error(resp, status, param=None, code=None):
     return error
 
 
-def test_malformed_json(stack):
-    assert_error(post(stack, "/v1/chat/completions", content=b'{"model": "tiny-qwen2", "messages": ['), 400,
-                 code="invalid_json")
+@pytest.mark.parametrize("content", [b'{"model": "tiny-qwen2", "messages": [',
+                                     b'{"model": "tiny-qwen2", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"])
+def test_malformed_json(stack, content):
+    assert_error(post(stack, "/v1/chat/completions", content=content), 400, code="invalid_json")
 
 
 @pytest.mark.parametrize("declared", [True, False])
@@ -83,9 +87,64 @@ def test_unknown_model(stack, client):
     ("/inference/v1/generate", {"model": MODEL, "token_ids": [1, -2]}, "token_ids.1"),
     ("/inference/v1/generate", {"model": MODEL, "token_ids": [1], "sampling_params": {"max_tokens": "many"}},
      "sampling_params.max_tokens"),
+    ("/inference/v1/generate", {"model": MODEL, "token_ids": [1], "request_id": "r" * 257}, "request_id"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "top_logprobs": 3}, "top_logprobs"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "continue_final_message": True},
+     "continue_final_message"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "repetition_penalty": "inf"}, "repetition_penalty"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "stream": True, "stream_interval": 10**30},
+     "stream_interval"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "response_format": {"type": "json_schema",
+                                                                                  "json_schema": "x"}},
+     "response_format.json_schema"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": [1]}},
+     "response_format.json_schema"),
+    # Past the limits of Dynamo's completions API, which carries every generation (it would refuse them naming
+    # no field)
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "top_k": 2**31}, "top_k"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "repetition_penalty": 2.5}, "repetition_penalty"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "logprobs": True, "top_logprobs": 6}, "top_logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 6}, "logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop_token_ids": list(range(33))}, "stop_token_ids"),
 ])
 def test_wrong_values_and_types_name_the_field(stack, path, body, param):
     assert_error(post(stack, path, body), 400, param=param)
+
+
+def test_values_at_the_engine_limits_are_served(stack):
+    for path, body in [
+        ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "max_tokens": 2, "stop": [], "top_k": 2**31 - 1,
+                                  "repetition_penalty": 2.0, "logprobs": True, "top_logprobs": 5}),
+        ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2, "logprobs": 5,
+                             "stop_token_ids": list(range(32))}),
+    ]:
+        assert post(stack, path, body).status_code == 200
+
+
+def requests_in_flight(stack) -> float:
+    return httpx.get(f"{stack.url}/v1/status", timeout=60).json()["requests_in_flight"]
+
+
+@pytest.mark.parametrize("path,body,header,sent", [
+    ("/v1/chat/completions", {"session_id": "日本"}, "x-session-id", "日本"),
+    ("/v1/chat/completions", {"user": "\U0001F600 50%", "stream": True}, "x-session-id", "\U0001F600 50%"),
+    ("/v1/completions", {"session_id": "a\r\nx-evil: 1", "stream": True}, "x-session-id", "a\r\nx-evil: 1"),
+    ("/v1/completions", {"user": "a\u0000b"}, "x-session-id", "a\u0000b"),
+    ("/inference/v1/generate", {"request_id": "gen-\u00e9\n"}, "x-request-id", "gen-\u00e9\n"),
+])
+def test_ids_of_any_text_are_served_and_sent_back_percent_encoded(stack, path, body, header, sent):
+    """A session id, `user` or request id may hold any text: header values cannot, so the response's headers
+    (and the front door's to Dynamo) carry it percent-encoded. Such an id was a 500 after the engine's work,
+    and on a stream it left the request counted in flight for good, which held the Batch API back."""
+    prompt = {"/v1/chat/completions": {"messages": MSG}, "/v1/completions": {"prompt": "x"},
+              "/inference/v1/generate": {"token_ids": [1, 2]}}[path]
+    resp = post(stack, path, {"model": MODEL, "max_tokens": 2, **prompt, **body})
+    assert resp.status_code == 200, resp.text
+    assert unquote(resp.headers[header]) == sent and resp.headers[header].isascii()
+    deadline = time.monotonic() + 10
+    while requests_in_flight(stack) and time.monotonic() < deadline:  # a stream's bookkeeping ends after its body
+        time.sleep(0.05)
+    assert requests_in_flight(stack) == 0
 
 
 def test_token_ids_out_of_vocabulary(stack, client):
@@ -106,6 +165,20 @@ def test_prompt_over_the_context_window(stack, client):
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=32768)
     assert err.value.body["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=MODEL, messages=MSG, max_completion_tokens=32768)
+    assert err.value.body["param"] == "max_completion_tokens"
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 500_000}]}, "messages"),
+    ("/v1/completions", {"prompt": ["x", "word " * 500_000]}, "prompt"),
+])
+def test_a_prompt_surely_over_the_context_window_is_refused_before_it_is_tokenized(stack, path, body, param):
+    """2.5 MB of text is more tokens than the window holds whatever it says (tokenizing 20 MB took a minute)."""
+    error = assert_error(post(stack, path, {"model": MODEL, "max_tokens": 1, **body}), 400, param=param,
+                         code="context_length_exceeded")
+    assert "at least" in error["message"]
 
 
 def test_unsupported_content_part_is_named(stack):

@@ -90,11 +90,14 @@ def test_requests_are_validated_naming_the_field(app_and_keys, tmp_path, finetun
     for body, param, status in cases:
         answer = app.post("/v1/admin/deployments", json=body, headers=admin)
         assert (answer.status_code, answer.json()["error"]["param"]) == (status, param), body
-    malformed = app.post("/v1/admin/deployments", content=b"{nope", headers=admin)
-    assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_json"
+    for not_json in (b"{nope", b'{"path": "\xff"}', b"[" * 100_000 + b"]" * 100_000):
+        malformed = app.post("/v1/admin/deployments", content=not_json, headers=admin)
+        assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_json"
     no_earlier = app.post("/v1/admin/deployments/rollback", json={}, headers=admin)
     assert no_earlier.status_code == 400 and no_earlier.json()["error"]["param"] == "to_version"
     assert app.get("/v1/admin/deployments/7", headers=admin).status_code == 404
+    past_int64 = app.get(f"/v1/admin/deployments/{2**63}", headers=admin)
+    assert (past_int64.status_code, past_int64.json()["error"]["param"]) == (400, "version")
     listed = app.get("/v1/admin/deployments", headers=admin).json()
     assert [(v["version"], v["status"]) for v in listed["data"]] == [(0, "serving")]
 

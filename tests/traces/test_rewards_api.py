@@ -72,6 +72,7 @@ def test_reward_for_unknown_trace_is_not_found(served):
     ({"request_id": "req-a"}, "rewards.0.reward"),
     ({"request_id": "req-a", "reward": "high"}, "rewards.0.reward"),
     ({"request_id": "req-a", "reward": 1.0, "bonus": 2}, "rewards.0.bonus"),
+    ({"request_id": "req-a", "reward": 1.0, "choice_index": 10**23}, "rewards.0.choice_index"),
 ])
 def test_invalid_reward_names_the_field(served, item, param):
     _, client = served
@@ -79,3 +80,11 @@ def test_invalid_reward_names_the_field(served, item, param):
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("content", [b'{"rewards": "\xff"}', b'{"rewards": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"])
+def test_a_body_that_is_not_json_text_is_a_400(served, content):
+    """Bytes that are not UTF-8, and nesting deeper than a parser recurses, were 500s."""
+    _, client = served
+    response = client.post("/v1/traces/rewards", content=content, headers={"x-team": "team-a"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"

@@ -131,6 +131,8 @@ def test_upload_names_every_bad_line_and_stores_nothing(client, store):
         request_line("no-body", body="hello"),                        # 7: body not an object
         "",                                                           # 8: empty line
         request_line("extra", priority=1),                            # 9: unknown field
+        request_line("\ud800"),                                       # 10: a lone surrogate (sqlite cannot store it)
+        "[" * 100_000 + "]" * 100_000,                                # 11: nested deeper than a parser recurses
     ])
     response = upload(client, content)
     assert response.status_code == 400
@@ -139,7 +141,8 @@ def test_upload_names_every_bad_line_and_stores_nothing(client, store):
     for line_no, words in [(2, "not valid JSON (Expecting property name enclosed in double quotes at column"),
                            (3, "'custom_id' is missing"), (4, "method must be 'POST'"),
                            (5, "url '/v1/embeddings' is not supported"), (6, "custom_id 'ok-1' repeats line 1"),
-                           (7, "'body' must be a JSON object"), (8, "empty line"), (9, "unknown field 'priority'")]:
+                           (7, "'body' must be a JSON object"), (8, "empty line"), (9, "unknown field 'priority'"),
+                           (10, "holds a lone UTF-16 surrogate"), (11, "not valid JSON (nested too deeply)")]:
         assert f"line {line_no}: {words}" in error["message"]
     assert "line 1:" not in error["message"]
     assert list(store.files_dir.iterdir()) == []
@@ -363,6 +366,9 @@ def test_unknown_ids_are_404_in_the_openai_error_shape(client, store):
     assert response.status_code == 404 and response.json()["error"]["code"] == "batch_not_found"
     with pytest.raises(APIError):
         store.get_file("file-nope", "team-a")
+    unknown_input = client.post("/v1/batches", json={"input_file_id": "file-nope", "endpoint": CHAT,
+                                                     "completion_window": "24h"}, headers=as_team("team-a"))
+    assert (unknown_input.status_code, unknown_input.json()["error"]["param"]) == (404, "input_file_id")
 
 
 def test_finalize_leaves_a_batch_that_is_not_ready_alone(client, store):

@@ -211,8 +211,9 @@ def test_usage_api_time_range_group_by_and_bad_parameters(store):
 
     bad_group = client.get("/v1/usage", params={"group_by": "colour"}, headers=as_team("team-a"))
     assert bad_group.status_code == 400 and bad_group.json()["error"]["param"] == "group_by"
-    bad_time = client.get("/v1/usage", params={"since": "yesterday"}, headers=as_team("team-a"))
-    assert bad_time.status_code == 400 and bad_time.json()["error"]["param"] == "since"
+    for since in ("yesterday", "nan", "inf", "1e400", "99999999999999999999"):  # the last three were 500s
+        bad_time = client.get("/v1/usage", params={"since": since}, headers=as_team("team-a"))
+        assert bad_time.status_code == 400 and bad_time.json()["error"]["param"] == "since", since
 
 
 def run_cli(argv: list[str], capsys) -> str:
