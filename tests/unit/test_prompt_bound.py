@@ -31,8 +31,3 @@ def texts(tokenizer: ModelTokenizer) -> dict[str, str]:
 def test_the_bound_never_exceeds_the_real_count(tokenizer):
     for name, text in texts(tokenizer).items():
         assert tokenizer.fewest_tokens(len(text)) <= len(tokenizer.encode(text)), name
-
-
-def test_the_bound_grows_with_the_text(tokenizer):
-    window = 32768
-    assert tokenizer.fewest_tokens(3 * tokenizer.max_token_chars * (window + 1)) > window
