@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from typing import Awaitable, Callable
 
@@ -27,6 +26,7 @@ from finetune_deploy.executor import DeployBusy, Deployer, DeployError, DeployPr
 from finetune_deploy.registry import PolicyVersion, RegistryError
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
+from rollout_server.fast_json import parse_json
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +135,8 @@ def _resume(deployer: Deployer):
 
 async def _json_body(request: Request) -> object:
     try:
-        return json.loads(await request.body() or b"{}")
-    except RecursionError:
-        raise bad_request("Malformed JSON in request body: nested too deeply", code="invalid_json") from None
-    except ValueError as exc:  # json.JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
+        return parse_json(await request.body() or b"{}")
+    except ValueError as exc:
         raise bad_request(f"Malformed JSON in request body: {exc}", code="invalid_json") from None
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from rollout_server.fast_json import parse_json
+
 BATCH_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 MAX_CUSTOM_ID_CHARS = 512
 MAX_REPORTED_ERRORS = 20
@@ -84,14 +86,14 @@ class _LineProblem(Exception):
 
 def _parse_line(raw: bytes, line_no: int, offset: int) -> InputLine:
     try:
-        request = json.loads(raw)
+        request = parse_json(raw)
     except json.JSONDecodeError as exc:
         # exc.lineno counts within this one line, so only the column is meaningful here.
         raise _LineProblem(f"not valid JSON ({exc.msg} at column {exc.colno})") from exc
     except UnicodeDecodeError as exc:
         raise _LineProblem(f"not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
-    except RecursionError:
-        raise _LineProblem("not valid JSON (nested too deeply)") from None
+    except ValueError as exc:
+        raise _LineProblem(f"not valid JSON ({exc})") from None
     if not isinstance(request, dict):
         raise _LineProblem("must be a JSON object")
     if _has_lone_surrogate(request):

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from typing import Awaitable, Callable
 
 import pydantic
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from rollout_server.fast_json import parse_json
 from trace_pipeline.capture import TraceCapture
 from trace_pipeline.rewards import RewardError, RewardInput, attach_rewards
 from trace_pipeline.store import TraceStore
@@ -54,10 +54,8 @@ def rewards_router(capture_or_store: TraceCapture | TraceStore,
     async def post_rewards(request: Request):
         team = await team_of_request(request)
         try:
-            raw = json.loads(await request.body())
-        except RecursionError:
-            return error_response(400, "body is not valid JSON: nested too deeply", None, "invalid_json")
-        except ValueError as exc:  # json.JSONDecodeError, or UnicodeDecodeError for bytes that are not UTF-8
+            raw = parse_json(await request.body())
+        except ValueError as exc:
             return error_response(400, f"body is not valid JSON: {exc}", None, "invalid_json")
         try:
             body = RewardsBody.model_validate(raw)
