@@ -1,6 +1,7 @@
 """vLLM's own request fields through the real stack: each one is applied, or refused with a 400 naming it;
 none is served as if it had not been sent."""
 
+import itertools
 import json
 import re
 
@@ -80,7 +81,10 @@ def test_a_request_stream_interval_sets_the_tokens_per_message(stack):
         for line in resp.iter_lines():
             if line.startswith("data: {"):
                 sizes += [len(c["token_ids"]) for c in json.loads(line[6:])["choices"] if c.get("token_ids")]
-    assert sizes == [1, 8, 8, 8, 8]
+    # The worker sends the first token at once, then every 8th; under load vLLM may merge messages its
+    # consumer has not read yet, so a message ends at one of those points, never between them.
+    ends = list(itertools.accumulate(sizes))
+    assert ends[-1] == 33 and set(ends) <= {1, 9, 17, 25, 33}, sizes
 
 
 def test_a_cache_salt_keeps_cached_prefixes_apart(stack):
