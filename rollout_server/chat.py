@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from engine.frontend_client import ChoiceDelta, EngineChunk, EngineRequest
 from rollout_server.auth import Principal
@@ -85,21 +85,30 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
         if choice not in ("none", "auto"):
             raise bad_request("tool_choice needs tools: this request declares none", param="tool_choice")
         return None
+    if choice != "none":
+        if ctx.tool_format is None:
+            raise bad_request(f"model {ctx.model_name} has no tool-call format in its chat template", param="tools")
+        if req.response_format and req.response_format.get("type") != "text":
+            raise bad_request("response_format cannot be combined with tools", param="response_format")
+        if req.structured_outputs is not None:
+            raise bad_request("structured_outputs cannot be combined with tools", param="structured_outputs")
+    fragment = await checked_tools(ctx, req.tools, choice, req.parallel_tool_calls)
     if choice == "none":
         return None  # tools stay in the prompt; nothing is enforced or parsed
-    if ctx.tool_format is None:
-        raise bad_request(f"model {ctx.model_name} has no tool-call format in its chat template", param="tools")
-    if req.response_format and req.response_format.get("type") != "text":
-        raise bad_request("response_format cannot be combined with tools", param="response_format")
-    if req.structured_outputs is not None:
-        raise bad_request("structured_outputs cannot be combined with tools", param="structured_outputs")
-    try:
-        fragment = await ctx.grammars.get(req.tools, choice, req.parallel_tool_calls, ctx.tool_format)
-    except ToolRequestError as exc:
-        raise bad_request(str(exc), param=exc.param) from exc
     tag = fragment.get("structured_outputs", {}).get("structural_tag")
     guided = {"guided_grammar": await asyncio.to_thread(grammar_for_structural_tag, tag)} if tag else {}
     return ToolPlan(ctx.tool_format, req.tools, guided)
+
+
+async def checked_tools(ctx: ServingContext, tools: list[dict], choice: Any = "auto",
+                        parallel: bool | None = None) -> dict:
+    """The engine's grammar fragment for these tools (empty when nothing is enforced), or a 400 naming the
+    field. Tools are checked the same way whatever the tool_choice, and by /tokenize, so that ids are never
+    rendered for tools a chat request would be refused; once per tool set (GrammarCache)."""
+    try:
+        return await ctx.grammars.get(tools, choice, parallel, ctx.tool_format)
+    except ToolRequestError as exc:
+        raise bad_request(str(exc), param=exc.param) from exc
 
 
 async def prompt_ids_for(ctx: ServingContext, req: ChatCompletionRequest | TokenizeRequest,

@@ -99,4 +99,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error serving %s %s", request.method, request.url.path)
-        return error_response(APIError(500, f"Internal error: {type(exc).__name__}", type="api_error"))
+        # Starlette raises the error again once this answer is sent, and uvicorn then closes the connection:
+        # the answer says so, so that a keep-alive client does not send its next request on it.
+        return error_response(APIError(500, f"Internal error: {type(exc).__name__}", type="api_error",
+                                       headers={"connection": "close"}))

@@ -14,6 +14,7 @@ from functools import lru_cache
 import xgrammar
 
 from rollout_server.errors import bad_request
+from rollout_server.tool_calls.request import json_schema_problem
 from rollout_server.tool_calls.structural_tag import json_schema_content, xgrammar_reason
 
 
@@ -107,5 +108,14 @@ def grammar_for_structural_tag(structural_tag_json: str) -> str:
 def compact_json_grammar(schema: dict, param: str) -> str:
     """JSON for the schema with at most one whitespace character between tokens: a weak model
     cannot spend its max_tokens on indentation (plain guided_json allows any whitespace)."""
+    if problem := _schema_problem(json.dumps(schema, sort_keys=True)):
+        raise bad_request(f"not a valid JSON Schema: {problem}", param=param)
     tag = {"type": "structural_tag", "format": json_schema_content(schema)}
     return _compiled(grammar_for_structural_tag, json.dumps(tag, sort_keys=True), param)
+
+
+@lru_cache(maxsize=512)
+def _schema_problem(schema_json: str) -> str | None:
+    """Why the schema breaks its JSON Schema dialect's rules ($schema, else 2020-12), or None. xgrammar compiles
+    some such schemas anyway: {"anyOf": []} became a grammar nothing matches, and its answers came back empty."""
+    return json_schema_problem(json.loads(schema_json))

@@ -8,7 +8,7 @@ the ids it returns are the ids a chat request with the same body is served on.
 from __future__ import annotations
 
 from rollout_server.auth import Principal
-from rollout_server.chat import prompt_ids_for
+from rollout_server.chat import checked_tools, prompt_ids_for
 from rollout_server.generation import ServingContext, check_in_vocabulary
 from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
 from rollout_server.session_prompts import team_session
@@ -19,6 +19,8 @@ async def tokenize(ctx: ServingContext, req: TokenizeRequest, session_header: st
     if req.model is not None:
         ctx.route(req.model, who)
     if req.messages is not None:
+        if req.tools:
+            await checked_tools(ctx, req.tools)  # refused as a chat request with these tools would be
         named_session = team_session(who.team, session_header or req.session_id)
         ids = await prompt_ids_for(ctx, req, named_session, bool(req.add_special_tokens))
     else:

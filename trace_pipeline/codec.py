@@ -15,6 +15,7 @@ class TraceOwner(msgspec.Struct):
     request_id: str
     session_id: str
     team: str
+    choice_index: int = 0
 
 
 _owner_decoder = msgspec.msgpack.Decoder(TraceOwner)

@@ -91,6 +91,9 @@ def _authorize(store: TraceStore, team: str, index: int, item: RewardInput) -> N
         raise TraceNotFound(index, param, f"no trace with {param} {value!r}")
     if team not in teams:
         raise TraceNotOwned(index, param, f"{param} {value!r} belongs to another team")
+    if item.choice_index is not None and item.choice_index not in (choices := store.choices_of_request(value)):
+        raise TraceNotFound(index, "choice_index",
+                            f"request {value!r} has no choice {item.choice_index}; its choices: {sorted(choices)}")
 
 
 @dataclass

@@ -161,6 +161,10 @@ class TraceStore:
     def teams_of_session(self, session_id: str) -> set[str]:
         return self._owners.lookup(self, "session", session_id)
 
+    def choices_of_request(self, request_id: str) -> set[int]:
+        """The choice indexes traced for a request (0 .. n-1)."""
+        return self._owners.choices(self, request_id)
+
     # ---- rewards side table --------------------------------------------------------
 
     def append_rewards(self, rewards: list[RewardRecord]) -> None:
@@ -200,7 +204,8 @@ def claim_dead_segment(path: Path) -> int | None:
 
 
 class OwnerIndex:
-    """request_id / session_id -> teams, built from sealed files and live WAL segments.
+    """request_id / session_id -> teams, and request_id -> choice indexes, built from sealed files and live WAL
+    segments.
 
     Sealed files never change, so each is read once (three columns). WAL segments are
     re-read on a miss: they hold records acknowledged but not yet sealed.
@@ -208,6 +213,7 @@ class OwnerIndex:
 
     def __init__(self):
         self._teams = {"request": defaultdict(set), "session": defaultdict(set)}
+        self._choices: dict[str, set[int]] = defaultdict(set)
         self._indexed_files: set[Path] = set()
         self._lock = threading.Lock()
 
@@ -217,9 +223,16 @@ class OwnerIndex:
                 self._refresh(store)
             return set(self._teams[kind].get(key, ()))
 
-    def _add(self, request_id: str, session_id: str, team: str) -> None:
+    def choices(self, store: TraceStore, request_id: str) -> set[int]:
+        with self._lock:
+            if request_id not in self._choices:
+                self._refresh(store)
+            return set(self._choices.get(request_id, ()))
+
+    def _add(self, request_id: str, session_id: str, team: str, choice_index: int) -> None:
         self._teams["request"][request_id].add(team)
         self._teams["session"][session_id].add(team)
+        self._choices[request_id].add(choice_index)
 
     def _refresh(self, store: TraceStore) -> None:
         # WAL before Parquet: a segment sealed in between is then found in Parquet.
@@ -227,13 +240,13 @@ class OwnerIndex:
             try:
                 for payload in read_frames(path):
                     owner = codec.decode_owner(payload)
-                    self._add(owner.request_id, owner.session_id, owner.team)
+                    self._add(owner.request_id, owner.session_id, owner.team, owner.choice_index)
             except FileNotFoundError:
                 continue
         for path in store.sealed_files():
             if path in self._indexed_files:
                 continue
-            table = pq.read_table(path, columns=["request_id", "session_id", "team"])
-            for request_id, session_id, team in zip(*(table[c].to_pylist() for c in table.column_names)):
-                self._add(request_id, session_id, team)
+            table = pq.read_table(path, columns=["request_id", "session_id", "team", "choice_index"])
+            for request_id, session_id, team, choice_index in zip(*(table[c].to_pylist() for c in table.column_names)):
+                self._add(request_id, session_id, team, choice_index)
             self._indexed_files.add(path)

@@ -55,10 +55,12 @@ class GrammarCache:
         tokenizer_info = xgrammar.TokenizerInfo.from_huggingface(tokenizer)
         return cls(xgrammar.GrammarCompiler(tokenizer_info, cache_enabled=False), max_entries)
 
-    async def get(self, tools: Any, choice: Any, parallel: bool | None, fmt: ToolCallFormat) -> dict[str, Any]:
+    async def get(self, tools: Any, choice: Any, parallel: bool | None,
+                  fmt: ToolCallFormat | None) -> dict[str, Any]:
         """The vLLM body fragment for this request; raises ToolRequestError for bad input.
 
-        Validation and compiling run in a thread, once per key; a hit costs one hash.
+        Validation and compiling run in a thread, once per key; a hit costs one hash. Without a format (a
+        model that cannot call tools renders them only) the tools are validated, and nothing is enforced.
         """
         key = cache_key(tools, choice, parallel, fmt)
         pending = self._tags.get(key)
@@ -73,9 +75,9 @@ class GrammarCache:
         # shield: one cancelled request must not cancel a compile others wait for.
         return vllm_body_fragment(await asyncio.shield(pending))
 
-    def _build(self, tools: Any, choice: Any, parallel: bool | None, fmt: ToolCallFormat) -> str | None:
+    def _build(self, tools: Any, choice: Any, parallel: bool | None, fmt: ToolCallFormat | None) -> str | None:
         validate_tool_request(tools, choice, parallel)
-        structural_tag = fmt.structural_tag(tools, choice, parallel)
+        structural_tag = fmt.structural_tag(tools, choice, parallel) if fmt else None
         if structural_tag is None:
             return None
         tag_json = json.dumps(structural_tag, ensure_ascii=False)
@@ -102,12 +104,12 @@ class GrammarCache:
             del self._tags[key]
 
 
-def cache_key(tools: Any, choice: Any, parallel: bool | None, fmt: ToolCallFormat) -> str:
+def cache_key(tools: Any, choice: Any, parallel: bool | None, fmt: ToolCallFormat | None) -> str:
     """A hash of everything the structural tag (and its validation) depends on.
 
     Keys are not sorted: agents resend identical tools, and sorting would double the
     cost of every hit; a reordered tool set is merely a miss.
     """
-    request = [fmt.name, tools, choice, parallel]
+    request = [fmt.name if fmt else None, tools, choice, parallel]
     serialized = json.dumps(request, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(serialized.encode()).hexdigest()

@@ -98,10 +98,17 @@ def _check_parameters_schema(schema: Any, where: str) -> None:
         raise ToolRequestError("parameters must be a JSON Schema object", where)
     if schema.get("type", "object") != "object":
         raise ToolRequestError('parameters must describe an object ("type": "object")', where)
+    if problem := json_schema_problem(schema):
+        raise ToolRequestError(f"parameters is not a valid JSON Schema: {problem}", where)
+
+
+def json_schema_problem(schema: dict[str, Any]) -> str | None:
+    """Why `schema` breaks the rules of its JSON Schema dialect (its $schema, else 2020-12), or None."""
     try:
-        jsonschema.Draft202012Validator.check_schema(schema)
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as error:
-        raise ToolRequestError(f"parameters is not a valid JSON Schema: {error.message}", where) from None
+        return error.message
+    return None
 
 
 def _read_choice(tool_choice: Any) -> ToolChoice:

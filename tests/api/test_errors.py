@@ -99,6 +99,11 @@ def test_unknown_model(stack, client):
      "response_format.json_schema"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "response_format": {"type": "json_schema", "json_schema": [1]}},
      "response_format.json_schema"),
+    # Not valid JSON Schema, though xgrammar compiled the first (to a grammar nothing matches: empty answers)
+    ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"anyOf": []}}}}, "response_format.json_schema.schema"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "structured_outputs": {"json": {"type": 5}}},
+     "structured_outputs.json"),
     # Past the limits of Dynamo's completions API, which carries every generation (it would refuse them naming
     # no field)
     ("/v1/chat/completions", {"model": MODEL, "messages": MSG, "top_k": 2**31}, "top_k"),

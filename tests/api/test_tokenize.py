@@ -56,6 +56,11 @@ def test_detokenize_gives_back_the_rendered_prompt_with_its_special_tokens(stack
     ("/tokenize", {"model": "no-such-model", "prompt": "a"}, 404, "model"),
     ("/tokenize", {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
     ("/tokenize", {"messages": MESSAGES, "chat_template": "{{ messages }}"}, 400, "chat_template"),
+    # tools a chat request would be refused, whatever its tool_choice
+    ("/tokenize", {"messages": MESSAGES, "tools": [{"type": "function", "function": "grep"}]}, 400, "tools[0].function"),
+    ("/tokenize", {"messages": MESSAGES, "tools": TOOLS + TOOLS}, 400, "tools[1].function.name"),
+    ("/tokenize", {"messages": MESSAGES, "tools": [{"type": "function", "function": {
+        "name": "grep", "parameters": {"type": "object", "properties": {"n": {"type": 5}}}}}]}, 400, "tools[0].function.parameters"),
     ("/detokenize", {"tokens": [1, 10**9]}, 400, "tokens"),
     ("/detokenize", {"tokens": [-1]}, 400, "tokens.0"),
     ("/detokenize", {"tokens": "1 2 3"}, 400, "tokens"),

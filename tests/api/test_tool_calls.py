@@ -154,6 +154,11 @@ def test_bad_tool_requests_name_the_field(tool_client):
     with pytest.raises(openai.BadRequestError) as err:
         tool_client.chat.completions.create(model="tiny-qwen2", messages=MESSAGES, tool_choice="required")
     assert err.value.body["param"] == "tool_choice"
+    # Tools that are only rendered into the prompt are checked all the same
+    for choice in ("none", "auto"):
+        with pytest.raises(openai.BadRequestError) as err:
+            ask(tool_client, tool_choice=choice, tools=[WEATHER, {"type": "function", "function": "grep"}])
+        assert err.value.body["param"] == "tools[1].function"
 
 
 def test_calls_and_results_go_back_into_the_conversation(tool_client):

@@ -88,3 +88,25 @@ def test_a_body_that_is_not_json_text_is_a_400(served, content):
     _, client = served
     response = client.post("/v1/traces/rewards", content=content, headers={"x-team": "team-a"})
     assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_reward_for_a_choice_the_request_never_had_is_not_found(tmp_path, sealed):
+    capture = TraceCapture(TraceSettings(dir=tmp_path / "store", flush_every_s=60))
+    capture.start()
+    for choice in (0, 1):  # one request with n=2
+        capture.record_sync(make_record("req-n", team="team-a", choice_index=choice))
+    if sealed:
+        capture.close()  # seals the WAL into Parquet
+    app = FastAPI()
+    app.include_router(rewards_router(capture.store if sealed else capture, team_from_header))
+    client = TestClient(app)
+    assert post(client, "team-a", {"request_id": "req-n", "choice_index": 1, "reward": 1.0}).status_code == 200
+    response = post(client, "team-a", {"request_id": "req-n", "choice_index": 0, "reward": 1.0},
+                    {"request_id": "req-n", "choice_index": 2, "reward": 1.0})
+    assert response.status_code == 404
+    assert response.json()["error"] == {
+        "message": "request 'req-n' has no choice 2; its choices: [0, 1]", "type": "invalid_request_error",
+        "param": "rewards.1.choice_index", "code": "trace_not_found"}
+    assert [r.choice_index for r in capture.store.read_rewards()] == [1], "all or nothing"
+    capture.close()

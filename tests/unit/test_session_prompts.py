@@ -13,6 +13,7 @@ from rollout_server.protocol import TokenizeRequest
 from rollout_server.session_prompts import SessionPrompts, cut_markers_of, session_prompts_for
 from rollout_server.tokenization import tokenize
 from rollout_server.tokenizer import ModelTokenizer
+from rollout_server.tool_calls.grammar_cache import GrammarCache
 from tests.stack_harness import CACHE_DIR
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
@@ -86,7 +87,8 @@ def test_prompts_without_a_named_session_keep_nothing():
 def test_a_session_id_is_kept_per_team():
     """Team B naming team A's session gets no head start from A's prompt (nor a way to time a guess at it)."""
     tok = tokenizer(2_000_000)  # a tokenizer of its own: counts from other tests do not interfere
-    ctx = SimpleNamespace(tokenizer=tok, max_model_len=32768, tool_format=None)  # test double: ServingContext
+    ctx = SimpleNamespace(tokenizer=tok, max_model_len=32768, tool_format=None,  # test double: ServingContext
+                          grammars=GrammarCache())
     first, second = agent_turns(2)
 
     def tokenize_as(team: str, messages: list[dict]) -> int:
