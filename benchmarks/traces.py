@@ -2,9 +2,11 @@
 
     .venv/bin/python benchmarks/traces.py [--records 5000] [--out benchmarks/results/traces.json]
 
-Capture: the same concurrent load through two real stacks (front door + Dynamo + one
-vLLM worker), trace capture off and on, alternating (off, on, on, off): completion
-tokens per second, on / off.
+Capture: the same concurrent load through three real stacks (front door + Dynamo + one
+vLLM worker) up side by side: trace capture off, on (the default, every sampled token's
+logprob kept, which the engine then computes for every request), and on with ids only
+(capture_logprobs off: the capture alone). Completion tokens per second, each over off,
+medians of per-round ratios over 12 rounds whose order rotates.
 
 Writer: `--concurrency` asyncio producers call `await TraceCapture.record()` with the
 default settings (ack="durable": each call returns after its group commit's fsync,
@@ -21,6 +23,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -99,27 +102,50 @@ def measure_export(store_dir: Path, out_root: Path, n_records: int) -> dict:
     return result
 
 
-def measure_capture_ratio(tmp: Path, requests: int = 96, concurrency: int = 8) -> dict:
-    """Serving throughput with trace capture on / off, on real stacks, runs alternated."""
+# Serving variants: trace capture off; on (the default: records with every sampled token's logprob, which the
+# engine then computes for every request); on with ids only (capture_logprobs off: the capture's own cost).
+CAPTURE_VARIANTS = {
+    "off": {"ROLLOUT_SERVE_TRACES__ENABLED": "false"},
+    "on": {"ROLLOUT_SERVE_TRACES__ENABLED": "true"},
+    "ids_only": {"ROLLOUT_SERVE_TRACES__ENABLED": "true", "ROLLOUT_SERVE_TRACES__CAPTURE_LOGPROBS": "false"},
+}
+
+
+def measure_capture_ratio(tmp: Path, rounds: int = 12, requests: int = 32, concurrency: int = 8) -> dict:
+    """Serving throughput of each capture variant: one stack per variant, up side by side, loaded in turn for
+    `rounds` rounds whose order rotates (this machine's speed drifts between loads more than the variants
+    differ); each ratio is the median of its per-round ratios over "off"."""
     from benchmarks.frontdoor import run_load
     from tests.stack_harness import start_stack
 
-    def throughput(capture: bool, run: int) -> float:
-        env = {"ROLLOUT_SERVE_TRACES__ENABLED": str(capture).lower()}
-        stack = start_stack(tmp / f"capture-{capture}-{run}", workers=1, extra_env=env)
-        try:
-            load = asyncio.run(run_load(stack.url, "tiny-qwen2", requests=requests, concurrency=concurrency,
-                                        prompt_len=256, max_tokens=64))
-        finally:
-            stack.stop()
-        print(f"capture {'on ' if capture else 'off'}: {load['throughput_tok_s']:.1f} tok/s", flush=True)
-        return load["throughput_tok_s"]
+    stacks = {variant: start_stack(tmp / f"capture-{variant}", workers=1, extra_env=env)
+              for variant, env in CAPTURE_VARIANTS.items()}
+    try:
+        def throughput(variant: str) -> float:
+            load = asyncio.run(run_load(stacks[variant].url, "tiny-qwen2", requests=requests, concurrency=concurrency,
+                                        prompt_len=256, max_tokens=64, stream=True))
+            time.sleep(1.0)  # every stack idle before the next is loaded
+            return load["throughput_tok_s"]
 
-    off = [throughput(False, 0)]
-    on = [throughput(True, 0), throughput(True, 1)]
-    off.append(throughput(False, 1))
-    return {"capture_on_tok_s": sum(on) / 2, "capture_off_tok_s": sum(off) / 2,
-            "capture_throughput_ratio": sum(on) / sum(off)}
+        variants = list(stacks)
+        for variant in variants:  # a first load is slow on every server (new batch shapes)
+            throughput(variant)
+        runs: dict[str, list[float]] = {variant: [] for variant in variants}
+        for round_ in range(rounds):
+            for variant in variants[round_ % 3:] + variants[:round_ % 3]:
+                runs[variant].append(throughput(variant))
+            print(f"round {round_ + 1}/{rounds}: " + ", ".join(f"{v} {runs[v][-1]:.0f}" for v in variants) + " tok/s",
+                  flush=True)
+    finally:
+        for stack in stacks.values():
+            stack.stop()
+
+    def over_off(variant: str) -> float:
+        return statistics.median(a / b for a, b in zip(runs[variant], runs["off"]))
+
+    return {"capture_on_tok_s": statistics.median(runs["on"]), "capture_off_tok_s": statistics.median(runs["off"]),
+            "capture_ids_only_tok_s": statistics.median(runs["ids_only"]),
+            "capture_throughput_ratio": over_off("on"), "capture_ids_only_throughput_ratio": over_off("ids_only")}
 
 
 def main() -> None:
