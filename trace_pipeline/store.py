@@ -207,7 +207,7 @@ class OwnerIndex:
     """request_id / session_id -> teams, and request_id -> choice indexes, built from sealed files and live WAL
     segments.
 
-    Sealed files never change, so each is read once (three columns). WAL segments are
+    Sealed files never change, so each is read once (four columns). WAL segments are
     re-read on a miss: they hold records acknowledged but not yet sealed.
     """
 
