@@ -133,6 +133,12 @@ class KillOutcome:
     not_started: list[StreamRecord]   # had streamed no token when the worker died
     cut: list[StreamRecord]           # were streaming and did not complete
     lost: list[StreamRecord]          # not started, yet did not complete: what failover must prevent
+    killed_at: float                  # time.monotonic() of the SIGKILL
+
+
+# A token that arrives this long after the kill comes from a live worker (one the dead worker sent before
+# it died would have arrived long before).
+IN_FLIGHT_S = 10
 
 
 def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int], streaming: int = 8,
@@ -156,10 +162,9 @@ def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int
         os.killpg(victim_pid, signal.SIGKILL)
         for future in waiting:
             future.result(timeout=300)
-        # A token that arrives 10 s after the kill comes from a live worker (one sent before it would have
-        # arrived long before); every other stream has ended, cut or complete.
-        wait_for(lambda: all(f.done() or r.last_token_at > killed_at + 10 for f, r in zip(running, started)), 240,
-                 "every stream on the killed worker ended")
+        # Every stream but those still getting tokens from a live worker has ended, cut or complete.
+        wait_for(lambda: all(f.done() or r.last_token_at > killed_at + IN_FLIGHT_S for f, r in zip(running, started)),
+                 240, "every stream on the killed worker ended")
         stop.set()
         for future in running:
             future.result(timeout=60)
@@ -167,4 +172,4 @@ def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int
     not_started = [r for r in records if r.first_token_at is None
                    or (r.first_token_at > killed_at and not _cut_by_the_kill(r))]
     cut = [r for r in records if r not in not_started and not completed(r) and not r.left]
-    return KillOutcome(not_started, cut, [r for r in not_started if not completed(r)])
+    return KillOutcome(not_started, cut, [r for r in not_started if not completed(r)], killed_at)

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.pools.pool_stack import (MODEL, StreamRecord, completed, kill_worker_under_load, pools, start_pool_stack,
-                                   stream, wait_for)
+from tests.pools.pool_stack import (IN_FLIGHT_S, MODEL, StreamRecord, completed, kill_worker_under_load, pools,
+                                   start_pool_stack, stream, wait_for)
 
 POOLS = """
 [pools.ha]
@@ -59,7 +59,9 @@ def test_killing_a_worker_under_load_loses_no_request_that_had_not_started(ha_st
     assert outcome.cut, "no stream was on the killed worker: the test did not exercise a kill"
     for record in outcome.cut:          # a clean, retryable end: an error event, then [DONE]
         assert record.error["code"] == "service_unavailable" and record.done, record
-        assert record.tokens < 3000
+        # Its tokens stopped at the kill. (How many it had by then says nothing: on a cold stack one
+        # deployment can warm up many seconds before the other, and the streams on it run on meanwhile.)
+        assert record.last_token_at < outcome.killed_at + IN_FLIGHT_S, record
     # Whether a request was refused by the victim and failed over, or arrived after the supervisor had
     # drained its deployment, depends on timing: both are fine, losing it is not (unit tests cover the
     # refusal path).
