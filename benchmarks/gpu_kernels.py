@@ -37,13 +37,19 @@ def time_paged_decode() -> None:
     from kernels.synthetic import paged_decode_batch
 
     print(f"== paged decode, {Q_HEADS} q / {KV_HEADS} kv heads x {HEAD_DIM}, context {CONTEXT}, page {PAGE_SIZE}")
-    print(f"   {'tokens':>6s} {'fused ms':>9s} {'staged ms':>10s} {'speed-up':>9s} {'fused KV GB/s':>14s}")
+    print("   fused = the whole call: input checks (one read-back of seq_lens), kernel, merge of the splits")
+    print(f"   {'tokens':>6s} {'fused ms':>9s} {'kernel ms':>10s} {'merge ms':>9s} {'staged ms':>10s} {'speed-up':>9s} "
+          f"{'kernel KV GB/s':>15s}")
     for batch in QUERY_TOKENS:
         case = paged_decode_batch(batch, CONTEXT, q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, page_size=PAGE_SIZE)
         fused = triton.testing.do_bench(functools.partial(attention_triton.paged_decode_attention, *case))
+        splits = functools.partial(attention_triton.paged_decode_splits, *case, None, None, math.ceil(CONTEXT / PAGE_SIZE))
+        kernel = triton.testing.do_bench(splits)
+        merge = triton.testing.do_bench(functools.partial(attention_triton.merge_splits, *splits()))
         staged = triton.testing.do_bench(functools.partial(attention_triton.staged_decode_attention, *case))
         kv_bytes = batch * CONTEXT * 2 * KV_HEADS * case.pages.shape[-1]  # NVFP4 K and V the kernel reads
-        print(f"   {batch:6d} {fused:9.3f} {staged:10.3f} {staged / fused:8.2f}x {kv_bytes / fused / 1e6:14.1f}", flush=True)
+        print(f"   {batch:6d} {fused:9.3f} {kernel:10.3f} {merge:9.3f} {staged:10.3f} {staged / fused:8.2f}x "
+              f"{kv_bytes / kernel / 1e6:15.1f}", flush=True)
         del case
         torch.cuda.empty_cache()
 

@@ -12,6 +12,7 @@ Note: under TRITON_INTERPRET=1 (CPU), Triton 3.x computes tl.dot on bfloat16 wro
 CPU tests use FP16 queries; BF16 is checked on the GPU (tests marked gpu).
 """
 
+import functools
 import math
 
 import torch
@@ -102,18 +103,25 @@ def paged_decode_attention(
     """Fused NVFP4 decode attention. q [B, Hq, D] fp16/bf16; kv_pages uint8 [num_blocks, 2, page_size,
     Hkv, row_bytes(D)]; block_table int32 [B, max_blocks]; seq_lens int32 [B]. Returns [B, Hq, D] in
     q's dtype. The sequence is cut into `num_splits` parts attended in parallel, then merged."""
+    longest = int(seq_lens.max()) if seq_lens.numel() else 0  # the one read back from the device
+    _check_paged_inputs(q, kv_pages, block_table, seq_lens, longest)
+    partial_out, partial_lse = paged_decode_splits(
+        q.contiguous(), kv_pages.contiguous(), block_table.contiguous(), seq_lens.contiguous(), scales, sm_scale,
+        num_splits, max_chunks=max(1, math.ceil(longest / kv_pages.shape[2])))
+    return merge_splits(partial_out, partial_lse).to(q.dtype)
+
+
+def paged_decode_splits(q, kv_pages, block_table, seq_lens, scales: PageScales, sm_scale: float | None,
+                        num_splits: int | None, max_chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel launch alone, on checked contiguous inputs: each split's normalised output
+    [B, Hq, S, D] (float32) and log-sum-exp [B, Hq, S]."""
     batch, num_q_heads, head_dim = q.shape
-    _check_paged_inputs(q, kv_pages, block_table, seq_lens)
     num_kv_heads, page_size = kv_pages.shape[3], kv_pages.shape[2]
     group = num_q_heads // num_kv_heads
-    max_chunks = max(1, math.ceil(int(seq_lens.max()) / page_size)) if batch else 1
     if num_splits is None:
         num_splits = _default_splits(batch * num_kv_heads, max_chunks, q.device)
     num_splits = max(1, min(num_splits, max_chunks))
     chunks_per_split = math.ceil(max_chunks / num_splits)
-
-    q = q.contiguous()
-    kv_pages, block_table, seq_lens = kv_pages.contiguous(), block_table.contiguous(), seq_lens.contiguous()
     partial_out = torch.empty((batch, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device)
     partial_lse = torch.empty((batch, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     sm_scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -126,7 +134,7 @@ def paged_decode_attention(
             GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HALF_DIM=head_dim // 2,
             ROW_BYTES=page_codec.row_bytes(head_dim), PAGE_SIZE=page_size,
         )
-    return merge_splits(partial_out, partial_lse).to(q.dtype)
+    return partial_out, partial_lse
 
 
 def merge_splits(partial_out: torch.Tensor, partial_lse: torch.Tensor) -> torch.Tensor:
@@ -143,11 +151,16 @@ def _default_splits(programs: int, max_chunks: int, device: torch.device) -> int
     """Enough splits to give every GPU SM about two programs (1 on CPU, where it buys nothing)."""
     if device.type != "cuda":
         return 1
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(max_chunks, math.ceil(2 * sms / max(programs, 1))))
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return max(1, min(max_chunks, math.ceil(2 * _multiprocessors(index) / max(programs, 1))))
 
 
-def _check_paged_inputs(q, kv_pages, block_table, seq_lens) -> None:
+@functools.cache
+def _multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _check_paged_inputs(q, kv_pages, block_table, seq_lens, longest: int) -> None:
     if q.ndim != 3 or q.dtype not in (torch.float16, torch.bfloat16):
         raise ValueError(f"q must be fp16/bf16 [batch, q_heads, head_dim], got {q.dtype} {tuple(q.shape)}")
     head_dim = q.shape[-1]
@@ -169,8 +182,8 @@ def _check_paged_inputs(q, kv_pages, block_table, seq_lens) -> None:
         )
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError(f"block_table and seq_lens must be int32, got {block_table.dtype}, {seq_lens.dtype}")
-    if q.shape[0] and int(seq_lens.max()) > block_table.shape[1] * page_size:
-        raise ValueError(f"a sequence of {int(seq_lens.max())} tokens does not fit the block table's "
+    if longest > block_table.shape[1] * page_size:
+        raise ValueError(f"a sequence of {longest} tokens does not fit the block table's "
                          f"{block_table.shape[1]} blocks of {page_size}")
 
 
@@ -285,10 +298,10 @@ def staged_decode_attention(
     from kernels import nvfp4_triton  # noqa: PLC0415 (only the baseline needs the standalone codec)
     from kernels.nvfp4 import Nvfp4Tensor  # noqa: PLC0415
 
-    _check_paged_inputs(q, kv_pages, block_table, seq_lens)
+    max_len = int(seq_lens.max())
+    _check_paged_inputs(q, kv_pages, block_table, seq_lens, max_len)
     batch, num_q_heads, head_dim = q.shape
     page_size = kv_pages.shape[2]
-    max_len = int(seq_lens.max())
     blocks = block_table[:, : math.ceil(max_len / page_size)].long()
     rows = kv_pages[blocks]  # [B, n_blocks, 2, page, Hkv, row]
 
