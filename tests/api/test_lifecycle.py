@@ -63,6 +63,14 @@ def _check_compute_dtype(stack) -> None:
     assert f"dtype=torch.{expected}," in worker_log, worker_log[-2000:]
 
 
+def _check_warm_up(stack) -> None:
+    """engine/dynamo_worker.py: the engine ran its own warm-up requests before the worker registered its
+    model, so the first user request does not pay the engine's one-time costs."""
+    worker_log = next(stack.state_dir.glob("stack-*/worker-0.log")).read_text()
+    warmed, registered = worker_log.find("engine warmed up in"), worker_log.find("Registered base model")
+    assert 0 <= warmed < registered, worker_log[-2000:]
+
+
 def test_dead_worker_gives_503_then_sigterm_stops_everything(tmp_path):
     # Without restarts: the supervisor would start the worker again (tests/pools/test_failover.py), racing the
     # health check below.
@@ -81,6 +89,7 @@ def test_dead_worker_gives_503_then_sigterm_stops_everything(tmp_path):
         worker_pid = stack.status()["workers"][0]["pid"]
         _check_cpu_placement(stack, worker_pid)
         _check_compute_dtype(stack)
+        _check_warm_up(stack)
         os.killpg(worker_pid, signal.SIGKILL)
 
         started = time.monotonic()

@@ -1,6 +1,8 @@
 """engine/dynamo_worker.py: Dynamo's worker keeps each logprob entry's id and logprob but decodes no text, and
-leaves out "top logprobs" that only repeat the sampled tokens; vLLM's settings are cached once the engine is up."""
+leaves out "top logprobs" that only repeat the sampled tokens; vLLM's settings are cached once the engine is up;
+the engine is warmed up before the worker registers."""
 
+import asyncio
 from types import SimpleNamespace
 
 from vllm.logprobs import Logprob
@@ -55,3 +57,36 @@ def test_vllm_settings_are_cached_once_the_engine_is_set_up(monkeypatch):
     assert not vllm.envs._is_envs_cache_enabled()
     assert dynamo_main.setup_vllm_engine("config") == "engine"
     assert vllm.envs._is_envs_cache_enabled()
+
+
+class RecordingEngine:  # test double: records what the warm-up asks of vLLM's engine client
+    def __init__(self, log: list):
+        self.log = log
+
+    async def generate(self, prompt, params, request_id):
+        self.log.append(("generate", prompt["prompt_token_ids"], params, request_id))
+        yield SimpleNamespace(finished=True)
+
+
+def test_the_engine_is_warmed_up_before_the_worker_registers(monkeypatch):
+    from dynamo.vllm import main as dynamo_main
+
+    log = []
+
+    async def register(model_input, model_type, generate_endpoint, config, engine_client, vllm_config, worker_type,
+                       needs=None):
+        log.append(("register", model_input, worker_type))
+
+    monkeypatch.setattr(dynamo_main, "register_vllm_model", register)
+    dynamo_worker._warm_up_before_registering()
+    asyncio.run(dynamo_main.register_vllm_model("tokens", "chat", "endpoint", "config", RecordingEngine(log),
+                                                "vllm config", worker_type="aggregated"))
+
+    assert [entry[0] for entry in log] == ["generate", "generate", "register"]
+    assert log[-1] == ("register", "tokens", "aggregated")  # the worker's own arguments, passed on
+    warm_ups = log[:2]
+    assert len({request_id for *_, request_id in warm_ups}) == 2
+    assert {params.temperature for _, _, params, _ in warm_ups} == {0.0, 1.0}  # greedy and sampled
+    # Shorter than vLLM's smallest KV block (16): no block is filled, so nothing reaches the prefix cache,
+    # the router's KV events or a KV tier.
+    assert all(len(prompt) + params.max_tokens < 16 for _, prompt, params, _ in warm_ups)
