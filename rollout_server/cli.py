@@ -90,6 +90,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
         from engine.disaggregation import describe_workers
         from rollout_server.app import create_app
+        from rollout_server.http_protocol import HttpProtocol
         from rollout_server.server import FrontDoorServer, build_app_state
 
         stack.wait_until_ready()
@@ -97,7 +98,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         app = create_app(build_app_state(settings, model_dir, model_name, stack, pools))
         log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %s)", settings.host, settings.port,
                  model_name, describe_workers(settings))
-        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+        config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning", access_log=False,
+                                http=HttpProtocol)
         FrontDoorServer(config).run()
         log.info("front door stopped")
     except StackStartError as exc:

@@ -1,7 +1,9 @@
 """Every client mistake is an OpenAI-shaped 4xx naming the field; never a 500, never a hang."""
 
+import json
+import socket
 import time
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import openai
@@ -150,6 +152,24 @@ def test_ids_of_any_text_are_served_and_sent_back_percent_encoded(stack, path, b
     while requests_in_flight(stack) and time.monotonic() < deadline:  # a stream's bookkeeping ends after its body
         time.sleep(0.05)
     assert requests_in_flight(stack) == 0
+
+
+def test_a_request_http_cannot_parse_is_an_openai_error_and_the_server_goes_on(stack):
+    """A control character in a header value is refused by the HTTP parser, before the app sees the
+    request (rollout_server/http_protocol.py): the answer is still an OpenAI error JSON."""
+    url = urlsplit(stack.url)
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Session-ID: a\x01b\r\n"
+               b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(request)
+        answer = b"".join(iter(lambda: sock.recv(65536), b""))  # the server closes the connection
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer
+    assert b"content-type: application/json" in head.lower(), head
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "invalid_http_request", error
+    assert "header" in error["message"], error
+    assert httpx.get(f"{stack.url}/v1/models", timeout=30).status_code == 200
 
 
 def test_token_ids_out_of_vocabulary(stack, client):
