@@ -12,6 +12,8 @@ import json
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from rollout_server.errors import bad_request
+
 
 class _ParserKeepingItsError:
     """httptools' request parser, remembering why it refused the bytes (uvicorn keeps only that it did)."""
@@ -23,9 +25,7 @@ class _ParserKeepingItsError:
     def feed_data(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            raise
-        except httptools.HttpParserError as error:
+        except httptools.HttpParserError as error:  # not HttpParserUpgrade, which is no parse error
             self.error = str(error)
             raise
 
@@ -42,8 +42,7 @@ class HttpProtocol(HttpToolsProtocol):
         detail = self.parser.error or "malformed request"
         if "header" in detail.lower():
             detail += " (a header's name or value holds a character HTTP does not allow, such as a control character)"
-        body = json.dumps({"error": {"message": f"Invalid HTTP request: {detail}.", "type": "invalid_request_error",
-                                     "param": None, "code": "invalid_http_request"}}).encode()
+        body = json.dumps(bad_request(f"Invalid HTTP request: {detail}.", code="invalid_http_request").body()).encode()
         head = [STATUS_LINE[400]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
