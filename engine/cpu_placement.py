@@ -14,8 +14,9 @@ Dynamo's worker and frontend and the front door) only runs when a spinner yields
   cores no engine is pinned to, when there are such cores; else, disaggregated, on the prefill engines'
   cores, so that host work never stretches a decode step;
 - so do the engine's gloo threads: vLLM sets up torch.distributed's gloo backend even for a one-process
-  engine, a dozen groups whose collectives it never runs, each with a transport loop that wakes every
-  10 ms: ~1,300 interruptions a second of the core the engine computes on;
+  engine, a dozen groups whose collectives it never runs, whose transport loop wakes every 10 ms: on the
+  engine's core, 100 interruptions a second (the groups share one transport device:
+  engine/single_rank_gloo.py; a device per group, as torch makes them, woke ~1,300 times a second);
 - the host processes are scheduled as batch work (SCHED_BATCH): a token passes from Dynamo's worker to
   its frontend, to the front door, to the client, each write waking the next process, and by default each
   woken process preempts the writer at once, so a burst of one engine step's tokens is handled token by
@@ -33,6 +34,8 @@ import logging
 import os
 from pathlib import Path
 
+from engine.single_rank_gloo import share_one_device_among_single_rank_groups
+
 log = logging.getLogger(__name__)
 
 _vllm_run_engine_core = None  # vLLM's own, wrapped by _run_pinned_engine_core
@@ -44,6 +47,7 @@ def _run_pinned_engine_core(*args, **kwargs):
     from vllm.utils.cpu_resource_utils import parse_id_list  # "0", "0-3", "0,2"
     from vllm.v1.engine import core
 
+    share_one_device_among_single_rank_groups()  # before vLLM makes its groups
     bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
     if bind and bind not in ("auto", "nobind"):
         host = os.sched_getaffinity(0)  # inherited from the worker process: the host cores

@@ -106,6 +106,21 @@ def create_app(state: AppState) -> FastAPI:
         thread, a hand-off that costs more per request than a key already read)."""
         return await state.auth.authenticate(request.headers.get("authorization"))
 
+    # The generation routes first: a request is matched against the routes in order (a regular expression
+    # each), and every other route is rarely asked for.
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatCompletionRequest, request: Request, who: Principal = Depends(caller)):
+        session = request.headers.get("x-session-id")
+        return await unless_disconnected(request, chat_completions(ctx, body, session, who))
+
+    @app.post("/v1/completions")
+    async def complete(body: CompletionRequest, request: Request, who: Principal = Depends(caller)):
+        return await unless_disconnected(request, completions(ctx, body, request.headers.get("x-session-id"), who))
+
+    @app.post("/inference/v1/generate")
+    async def tito(body: GenerateRequest, request: Request, who: Principal = Depends(caller)):
+        return await unless_disconnected(request, generate(ctx, body, request.headers.get("x-session-id"), who))
+
     if state.traces is not None:
         from trace_pipeline.api import rewards_router
 
@@ -178,15 +193,6 @@ def create_app(state: AppState) -> FastAPI:
                 "open_mode": state.auth.open_mode,
                 "pools": [p.describe() for p in state.pools.pools.values()] if state.pools else []}
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request, who: Principal = Depends(caller)):
-        session = request.headers.get("x-session-id")
-        return await unless_disconnected(request, chat_completions(ctx, body, session, who))
-
-    @app.post("/v1/completions")
-    async def complete(body: CompletionRequest, request: Request, who: Principal = Depends(caller)):
-        return await unless_disconnected(request, completions(ctx, body, request.headers.get("x-session-id"), who))
-
     @app.post("/tokenize")
     async def tokenize_route(body: TokenizeRequest, request: Request, who: Principal = Depends(caller)):
         return await tokenize(ctx, body, request.headers.get("x-session-id"), who)
@@ -194,10 +200,6 @@ def create_app(state: AppState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize_route(body: DetokenizeRequest, who: Principal = Depends(caller)):
         return await detokenize(ctx, body, who)
-
-    @app.post("/inference/v1/generate")
-    async def tito(body: GenerateRequest, request: Request, who: Principal = Depends(caller)):
-        return await unless_disconnected(request, generate(ctx, body, request.headers.get("x-session-id"), who))
 
     return app
 
