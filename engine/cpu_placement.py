@@ -14,9 +14,9 @@ Dynamo's worker and frontend and the front door) only runs when a spinner yields
   cores no engine is pinned to, when there are such cores; else, disaggregated, on the prefill engines'
   cores, so that host work never stretches a decode step;
 - so do the engine's gloo threads: vLLM sets up torch.distributed's gloo backend even for a one-process
-  engine, a dozen groups whose collectives it never runs, whose transport loop wakes every 10 ms: on the
-  engine's core, 100 interruptions a second (the groups share one transport device:
-  engine/single_rank_gloo.py; a device per group, as torch makes them, woke ~1,300 times a second);
+  engine, a dozen groups whose collectives it never runs, whose transport loop wakes every 10 ms (100 times
+  a second: the groups share one transport device, engine/single_rank_gloo.py; a device per group, as
+  torch makes them, woke ~1,300 times), which on the engine's core would interrupt its steps;
 - the host processes are scheduled as batch work (SCHED_BATCH): a token passes from Dynamo's worker to
   its frontend, to the front door, to the client, each write waking the next process, and by default each
   woken process preempts the writer at once, so a burst of one engine step's tokens is handled token by

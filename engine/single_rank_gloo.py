@@ -12,8 +12,8 @@ Groups of several ranks are made as torch makes them.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
-import threading
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,11 @@ def share_one_device_among_single_rank_groups() -> None:
     gloo = distributed_c10d.ProcessGroupGloo
     if getattr(gloo, "shares_one_device", False):
         return
-    one_device = _OneDevice(gloo)
+
+    @functools.cache
+    def one_device():
+        log.info("single-rank gloo groups share one transport device (one thread waking every 10 ms)")
+        return gloo.create_default_device()
 
     class ProcessGroupGlooSharingADevice(gloo):
         shares_one_device = True
@@ -35,23 +39,10 @@ def share_one_device_among_single_rank_groups() -> None:
                 super().__init__(store, rank, size, timeout)
                 return
             options = gloo._Options()
-            options._devices = [one_device.get()]
+            options._devices = [one_device()]
             options._timeout = timeout
             options._threads = 2  # torch's default for one device
             super().__init__(store, rank, size, options)
 
     distributed_c10d.ProcessGroupGloo = ProcessGroupGlooSharingADevice
 
-
-class _OneDevice:
-    def __init__(self, gloo):
-        self._gloo = gloo
-        self._device = None
-        self._lock = threading.Lock()
-
-    def get(self):
-        with self._lock:
-            if self._device is None:
-                self._device = self._gloo.create_default_device()
-                log.info("single-rank gloo groups share one transport device (one thread waking every 10 ms)")
-            return self._device
