@@ -1,8 +1,10 @@
-"""The front door: rollout-serve's FastAPI application.
+"""The front door: rollout-serve's ASGI application.
 
 Clients speak OpenAI (and vLLM's token-in/token-out route) to this app; it
 authenticates, tokenizes, sends token ids to Dynamo's frontend, and answers with
-exact token ids, the serving worker and the policy version.
+exact token ids, the serving worker and the policy version. The generation routes
+are served in front of FastAPI (rollout_server/generation_routes.py); FastAPI
+serves the rest (models, health, metrics, usage, rewards, deploys, batches).
 """
 
 from __future__ import annotations
@@ -15,24 +17,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from rollout_server.auth import Authenticator, Principal
 from rollout_server.batch_api import batches_router
 from rollout_server.batch_runner import BatchRunner
-from rollout_server.chat import chat_completions
-from rollout_server.completions import completions, generate
-from rollout_server.disconnect import unless_disconnected
-from rollout_server.errors import APIError, install_error_handlers, model_not_found, validation_error
+from rollout_server.errors import APIError, install_error_handlers, model_not_found
 from engine.pool_config import DEFAULT_POOL
 from rollout_server.generation import ServingContext
 from rollout_server.fast_json import msgspec_route
+from rollout_server.generation_routes import GENERATION_ROUTES, GenerationRoutes, validated
 from rollout_server.pool_access import reachable_pools
-from rollout_server.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest,
-)
+from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
 from rollout_server.tokenization import detokenize, tokenize
 from rollout_server.usage import UsageRecorder, usage_router
 
@@ -52,26 +48,22 @@ class AppState:
     started_at: float = 0.0
 
 
-ENDPOINTS = {"/v1/chat/completions": (ChatCompletionRequest, chat_completions),
-             "/v1/completions": (CompletionRequest, completions)}
-
-
 def internal_execute(ctx: ServingContext):
     """The Batch API's way in: one request line run through the same handlers as HTTP requests."""
     async def execute(url: str, body: dict, team: str) -> tuple[int, dict]:
-        model, handler = ENDPOINTS[url]
+        route = GENERATION_ROUTES[url]
         try:
-            request = model.model_validate({**body, "stream": False})
-            response = await handler(ctx, request, None, Principal(team, None, is_admin=False))
-        except ValidationError as exc:
-            return 400, validation_error(RequestValidationError(exc.errors())).body()
+            request = validated(route.body, {**body, "stream": False})
+            response = await route.handler(ctx, request, None, Principal(team, None, is_admin=False))
         except APIError as err:
             return err.status, err.body()
         return response.status_code, json.loads(response.body)
     return execute
 
 
-def create_app(state: AppState) -> FastAPI:
+def create_app(state: AppState) -> GenerationRoutes:
+    """The front door's ASGI app: the generation routes (rollout_server/generation_routes.py) in front of the
+    FastAPI app that serves everything else."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.started_at = time.time()
@@ -96,7 +88,8 @@ def create_app(state: AppState) -> FastAPI:
             await asyncio.to_thread(state.usage.close)
 
     app = FastAPI(title="rollout-serve", version="0.1.0", lifespan=lifespan)
-    app.router.route_class = msgspec_route(int(state.ctx.settings.max_request_body_mib * 2**20))
+    max_body_bytes = int(state.ctx.settings.max_request_body_mib * 2**20)
+    app.router.route_class = msgspec_route(max_body_bytes)
     app.state.rollout = state
     install_error_handlers(app)
     ctx = state.ctx
@@ -105,21 +98,6 @@ def create_app(state: AppState) -> FastAPI:
         """The request's principal, as a dependency (an async one: FastAPI runs a plain function in a worker
         thread, a hand-off that costs more per request than a key already read)."""
         return await state.auth.authenticate(request.headers.get("authorization"))
-
-    # The generation routes first: a request is matched against the routes in order (a regular expression
-    # each), and every other route is rarely asked for.
-    @app.post("/v1/chat/completions")
-    async def chat(body: ChatCompletionRequest, request: Request, who: Principal = Depends(caller)):
-        session = request.headers.get("x-session-id")
-        return await unless_disconnected(request, chat_completions(ctx, body, session, who))
-
-    @app.post("/v1/completions")
-    async def complete(body: CompletionRequest, request: Request, who: Principal = Depends(caller)):
-        return await unless_disconnected(request, completions(ctx, body, request.headers.get("x-session-id"), who))
-
-    @app.post("/inference/v1/generate")
-    async def tito(body: GenerateRequest, request: Request, who: Principal = Depends(caller)):
-        return await unless_disconnected(request, generate(ctx, body, request.headers.get("x-session-id"), who))
 
     if state.traces is not None:
         from trace_pipeline.api import rewards_router
@@ -201,7 +179,7 @@ def create_app(state: AppState) -> FastAPI:
     async def detokenize_route(body: DetokenizeRequest, who: Principal = Depends(caller)):
         return await detokenize(ctx, body, who)
 
-    return app
+    return GenerationRoutes(app, ctx, state.auth, max_body_bytes)
 
 
 async def _worker_rows(state: AppState) -> list[dict] | None:

@@ -1,0 +1,115 @@
+"""The generation routes (chat, completions, generate) as a plain ASGI app in front of FastAPI.
+
+They carry nearly every request the front door serves, and FastAPI's machinery around a request cost about a
+quarter of the front door's CPU for one: its middleware stack, the route table, two exit stacks, dependency
+solving, content-type parsing, and a `send` wrapper per middleware that every streamed event passes through
+(docs/benchmarks.md, "Front door", session 33). Here a POST to one of them is read, parsed, authenticated,
+validated and handed to its handler, whose response goes out with the server's own `send`. Every other
+request goes on to the FastAPI app, and the answers are the app's: the same order of checks (body, key,
+fields) and the same OpenAI error JSON (rollout_server/errors.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rollout_server.auth import Authenticator, Principal
+from rollout_server.chat import chat_completions
+from rollout_server.completions import completions, generate
+from rollout_server.disconnect import unless_disconnected
+from rollout_server.errors import APIError, bad_request, error_response, validation_error
+from rollout_server.fast_json import MsgspecRequest
+from rollout_server.generation import ServingContext
+from rollout_server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[ServingContext, Any, str | None, Principal], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class GenerationRoute:
+    body: type[BaseModel]
+    handler: Handler          # (ctx, the validated body, the X-Session-ID header, the caller) -> the response
+
+
+GENERATION_ROUTES = {
+    "/v1/chat/completions": GenerationRoute(ChatCompletionRequest, chat_completions),
+    "/v1/completions": GenerationRoute(CompletionRequest, completions),
+    "/inference/v1/generate": GenerationRoute(GenerateRequest, generate),
+}
+
+
+def validated(model: type[BaseModel], body: Any) -> BaseModel:
+    """The request body as `model`, or a 400 naming the first field at fault."""
+    if not isinstance(body, dict):  # no body, bytes not sent as JSON, or JSON that is not an object
+        raise bad_request("The request body must be a JSON object, sent with Content-Type: application/json.",
+                          code="invalid_value")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(RequestValidationError(exc.errors())) from None
+
+
+class GenerationRoutes:
+    """ASGI: the generation routes served here, everything else by `app`."""
+
+    def __init__(self, app: ASGIApp, ctx: ServingContext, auth: Authenticator, max_body_bytes: int,
+                 routes: dict[str, GenerationRoute] = GENERATION_ROUTES):
+        self.app = app
+        self.ctx = ctx
+        self.auth = auth
+        self.max_body_bytes = max_body_bytes
+        self.routes = routes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if route is None:
+            return await self.app(scope, receive, send)
+        if scope["method"] != "POST":
+            response = error_response(APIError(405, "Method Not Allowed", headers={"Allow": "POST"}))
+        else:
+            response = await self._answer(route, MsgspecRequest(scope, receive))
+        await response(scope, receive, send)
+
+    async def _answer(self, route: GenerationRoute, request: MsgspecRequest) -> Response:
+        try:
+            body = await self._json_body(request)
+            who = await self.auth.authenticate(request.headers.get("authorization"))
+            handling = route.handler(self.ctx, validated(route.body, body), request.headers.get("x-session-id"), who)
+            return await unless_disconnected(request, handling)
+        except APIError as err:
+            return error_response(err)
+        except Exception as exc:
+            log.exception("unexpected error serving POST %s", request.url.path)
+            # The connection closes with this answer, as it does after any 500 of the app's.
+            return error_response(APIError(500, f"Internal error: {type(exc).__name__}", type="api_error",
+                                           headers={"connection": "close"}))
+
+    async def _json_body(self, request: MsgspecRequest) -> Any:
+        """The body as FastAPI reads one for a model: parsed when sent as JSON, else its bytes (None if empty)."""
+        request.max_body_bytes = self.max_body_bytes
+        try:
+            raw = await request.body()
+            if not raw or not _is_json(request.headers.get("content-type", "")):
+                return raw or None
+            return await request.json()
+        except HTTPException as exc:  # over the size limit
+            raise APIError(exc.status_code, str(exc.detail), headers=exc.headers) from None
+        except ValueError as exc:  # json.JSONDecodeError
+            raise bad_request(f"Malformed JSON in request body: {getattr(exc, 'msg', exc)}", code="invalid_json") from None
+        except Exception:
+            raise bad_request("There was an error parsing the body") from None
+
+
+def _is_json(content_type: str) -> bool:
+    kind = content_type.partition(";")[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
