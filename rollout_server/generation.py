@@ -236,7 +236,10 @@ class Generation:
             self.policy_version = self.ctx.models.version_served_by(self.served, self.worker_id)
         if chunk.usage:
             self.usage = chunk.usage
-        new_tokens = sum(len(d.tokens) for d in chunk.deltas)
+        new_tokens = 0
+        for delta in chunk.deltas:
+            new_tokens += len(delta.tokens)
+            self._accumulate(delta)
         if new_tokens:
             now = chunk.received_at
             if self._first_token_at is None:
@@ -244,11 +247,11 @@ class Generation:
             elif self._last_token_at is not None:  # a message may carry several tokens (stream_interval)
                 self._inter_token += [(now - self._last_token_at) / new_tokens] * new_tokens
             self._last_token_at = now
-        for delta in chunk.deltas:
-            self._accumulate(delta)
 
     def _accumulate(self, delta: ChoiceDelta) -> None:
-        choice = self.choices.setdefault(delta.index, ChoiceResult(delta.index))
+        choice = self.choices.get(delta.index)
+        if choice is None:
+            choice = self.choices[delta.index] = ChoiceResult(delta.index)
         choice.text += delta.text
         choice.tokens.extend(delta.tokens)
         if delta.finish_reason:

@@ -7,6 +7,8 @@ each request is reported by Dynamo's router).
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections import Counter as Tally
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -63,8 +65,7 @@ class Metrics:
         self.completion_tokens.inc(g.completion_tokens)
         if g.ttft_s is not None:
             self.ttft.observe(g.ttft_s)
-        for gap in g.inter_token_s:
-            self.itl.observe(gap)
+        observe_all(self.itl, g.inter_token_s)
         self.e2e.observe(g.total_s)
         if g.worker_id:
             self.worker_requests.labels(g.worker_id).inc()
@@ -97,3 +98,11 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def observe_all(histogram: Histogram, values: list[float]) -> None:
+    """`histogram.observe(v)` for every value, with each bucket's count and the sum added to once: observe()
+    takes a lock per value, ~2 us for every token of a request (its inter-token gaps)."""
+    for bucket, count in Tally(bisect_left(histogram._upper_bounds, v) for v in values).items():
+        histogram._buckets[bucket].inc(count)  # the first bucket whose upper bound is >= v, as observe() picks
+    histogram._sum.inc(sum(values))
