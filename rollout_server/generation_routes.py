@@ -6,7 +6,8 @@ dependency solving, content-type parsing, and a `send` wrapper per middleware th
 passes through (docs/benchmarks.md, "Front door", session 33). Here a POST to one of them is read, parsed,
 authenticated, validated and handed to its handler, whose response goes out with the server's own `send`.
 Every other request goes on to the FastAPI app, and the answers are the app's: the same order of checks
-(body, key, fields) and the same OpenAI error JSON (rollout_server/errors.py).
+(body, key, fields) and the same OpenAI error JSON (rollout_server/errors.py). Middleware added to the
+FastAPI app does not see these routes: what they need goes here.
 """
 
 from __future__ import annotations
