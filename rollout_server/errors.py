@@ -48,6 +48,18 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, code="service_unavailable", headers={"Retry-After": "1"})
 
 
+def not_a_json_object() -> APIError:
+    """null, [], 5, "x", or a body sent without Content-Type: application/json."""
+    return bad_request("The request body must be a JSON object, sent with Content-Type: application/json.",
+                       code="invalid_value")
+
+
+def internal_error(exc: Exception) -> APIError:
+    """A bug's answer. It says the connection closes (the server closes it after a 500), so that a keep-alive
+    client does not send its next request on it."""
+    return APIError(500, f"Internal error: {type(exc).__name__}", type="api_error", headers={"connection": "close"})
+
+
 def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
@@ -67,9 +79,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
         return bad_request(f"Malformed JSON in request body: {first.get('ctx', {}).get('error', first.get('msg'))}",
                            code="invalid_json")
     if tuple(first.get("loc", ())) == ("body",) and first.get("type") in ("missing", "model_attributes_type"):
-        # null, [], 5, "x", or a body sent without Content-Type: application/json
-        return bad_request("The request body must be a JSON object, sent with Content-Type: application/json.",
-                           code="invalid_value")
+        return not_a_json_object()
     param = _param_from_location(tuple(first.get("loc", ())))
     message = first.get("msg", "invalid value")
     if first.get("type") == "missing":
@@ -99,7 +109,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error serving %s %s", request.method, request.url.path)
-        # Starlette raises the error again once this answer is sent, and uvicorn then closes the connection:
-        # the answer says so, so that a keep-alive client does not send its next request on it.
-        return error_response(APIError(500, f"Internal error: {type(exc).__name__}", type="api_error",
-                                       headers={"connection": "close"}))
+        return error_response(internal_error(exc))  # Starlette raises it again; uvicorn closes the connection

@@ -26,7 +26,9 @@ from rollout_server.auth import Authenticator, Principal
 from rollout_server.chat import chat_completions
 from rollout_server.completions import completions, generate
 from rollout_server.disconnect import unless_disconnected
-from rollout_server.errors import APIError, bad_request, error_response, validation_error
+from rollout_server.errors import (
+    APIError, bad_request, error_response, internal_error, not_a_json_object, validation_error,
+)
 from rollout_server.fast_json import MsgspecRequest
 from rollout_server.generation import ServingContext
 from rollout_server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
@@ -52,8 +54,7 @@ GENERATION_ROUTES = {
 def validated(model: type[BaseModel], body: Any) -> BaseModel:
     """The request body as `model`, or a 400 naming the first field at fault."""
     if not isinstance(body, dict):  # no body, bytes not sent as JSON, or JSON that is not an object
-        raise bad_request("The request body must be a JSON object, sent with Content-Type: application/json.",
-                          code="invalid_value")
+        raise not_a_json_object()
     try:
         return model.model_validate(body)
     except ValidationError as exc:
@@ -91,9 +92,7 @@ class GenerationRoutes:
             return error_response(err)
         except Exception as exc:
             log.exception("unexpected error serving POST %s", request.url.path)
-            # The connection closes with this answer, as it does after any 500 of the app's.
-            return error_response(APIError(500, f"Internal error: {type(exc).__name__}", type="api_error",
-                                           headers={"connection": "close"}))
+            return error_response(internal_error(exc))  # uvicorn closes the connection on its header
 
     async def _json_body(self, request: MsgspecRequest) -> Any:
         """The body as FastAPI reads one for a model: parsed when sent as JSON, else its bytes (None if empty)."""
