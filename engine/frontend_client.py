@@ -157,6 +157,7 @@ class DynamoFrontendClient:
     def __init__(self, base_url: str, timeout_s: float = 600.0,
                  connector: Callable[[], aiohttp.BaseConnector] | None = None):
         self.base_url = base_url
+        self.route = f"Dynamo frontend {base_url}"
         # aiohttp, not httpx: its C HTTP parser takes ~1/4 of httpx's CPU per streamed chunk and ~1/5 per
         # request (docs/benchmarks.md, "Front door"), on the path every token takes.
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=timeout_s)

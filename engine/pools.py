@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import zlib
 from collections import Counter
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Awaitable, Callable
 
 from engine.disaggregation import is_disaggregated
+from engine.embedded_router import EmbeddedRouterClient
 from engine.frontend_client import DynamoFrontendClient
 from engine.pool_config import DEFAULT_POOL, PoolConfig, pool_ports
 from engine.stack import Stack, WorkerInfo, aggregated_worker, stop_stacks
@@ -36,8 +38,9 @@ MISSED_CHECKS_TOLERATED = 2  # a deployment whose processes all run leaves rotat
 class Deployment:
     name: str                     # "<pool>/<i>"
     stack: Stack
-    client: DynamoFrontendClient
+    client: DynamoFrontendClient | EmbeddedRouterClient
     ready_workers: int = 0        # from the last health check; 0 = out of rotation
+    in_flight: int = 0            # requests streaming from it now
     failed_checks: int = 0        # consecutive checks that found no ready worker while every process ran
     fresh_workers: set[int] = field(default_factory=set)  # (re)started by the supervisor, not yet prepared
     prepare_error: str | None = None                        # why the last preparation of fresh workers failed
@@ -77,9 +80,25 @@ class Pool:
                 "max_workers": self.config.max_workers if self.config.kind == "serverless" else self.workers(),
                 "in_flight": self.in_flight, "waiting": self.waiting, "failovers": self.failovers,
                 "cold_starts": self.cold_starts,
-                "deployments": [{"name": d.name, "url": d.client.base_url, "healthy": d.healthy,
+                "deployments": [{"name": d.name, "url": d.stack.frontend_url, "route": d.client.route,
+                                 "in_flight": d.in_flight, "healthy": d.healthy,
                                  "ready_workers": d.ready_workers, "frontend_pid": d.stack.frontend_pid(),
                                  "worker_pids": d.stack.worker_pids()} for d in self.deployments]}
+
+
+def engine_client(stack: Stack) -> DynamoFrontendClient | EmbeddedRouterClient:
+    """How the front door reaches a deployment: Dynamo's KV router in its own process for aggregated workers
+    routed by KV (engine/embedded_router.py), else Dynamo's frontend over HTTP."""
+    settings = stack.settings
+    if not settings.embedded_router or settings.router_mode != "kv" or is_disaggregated(settings):
+        return DynamoFrontendClient(stack.frontend_url, settings.request_timeout_s)
+    tier = settings.kv_tier
+    return EmbeddedRouterClient(
+        env={**stack.dynamo_env(), "DYN_LOG": os.environ.get("DYN_LOG", "warn")},  # not a log line per request
+        discovery_backend=settings.discovery_backend, model_dir=stack.model_dir,
+        served_model_name=stack.served_model_name, block_size=settings.block_size,
+        session_affinity_ttl_s=settings.session_affinity_ttl_s,
+        host_cache_hit_weight=tier.router_host_weight if tier.enabled else None, timeout_s=settings.request_timeout_s)
 
 
 def session_slot(session_id: str | None, slots: int) -> int:
@@ -124,7 +143,7 @@ class PoolSet:
         self.pools[pool.name] = pool
 
     def _deployment(self, name: str, stack: Stack) -> Deployment:
-        return Deployment(name, stack, DynamoFrontendClient(stack.frontend_url, self.settings.request_timeout_s))
+        return Deployment(name, stack, engine_client(stack))
 
     def _pool_stack(self, config: PoolConfig, block: int, default_stack: Stack) -> Stack:
         settings = self.settings.model_copy(update={

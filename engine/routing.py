@@ -40,26 +40,30 @@ class PoolRouter:
         try:
             while True:
                 deployment = await self.pools.pick(pool, req.session_id, refusals)
+                deployment.in_flight += 1
                 try:
                     async for chunk in deployment.client.stream_once(req):
                         yield chunk
                     return
                 except RefusedBeforeOutput as refused:
-                    refusals[deployment.name] += 1
-                    self.pools.refused(deployment)
-                    other = self.pools.least_refused(pool, refusals)[0]
-                    if refusals[other.name] < refusals[deployment.name]:
-                        pool.failovers += 1
-                        log.warning("request %s: %s refused it (%s); failing over to %s", req.request_id,
-                                    deployment.name, refused.error.message, other.name)
-                        continue
-                    if pauses == self.retries:
-                        raise refused.error from None
-                    delay = min(self.retry_delay_s * 2 ** pauses, self.max_retry_delay_s)
-                    pauses += 1
-                    log.info("request %s refused by %s (%s); sending it again in %.2g s (retry %d of %d)",
-                             req.request_id, deployment.name, refused.error.message, delay, pauses, self.retries)
-                    await asyncio.sleep(delay)
+                    refusal = refused.error
+                finally:
+                    deployment.in_flight -= 1
+                refusals[deployment.name] += 1
+                self.pools.refused(deployment)
+                other = self.pools.least_refused(pool, refusals)[0]
+                if refusals[other.name] < refusals[deployment.name]:
+                    pool.failovers += 1
+                    log.warning("request %s: %s refused it (%s); failing over to %s", req.request_id,
+                                deployment.name, refusal.message, other.name)
+                    continue
+                if pauses == self.retries:
+                    raise refusal
+                delay = min(self.retry_delay_s * 2 ** pauses, self.max_retry_delay_s)
+                pauses += 1
+                log.info("request %s refused by %s (%s); sending it again in %.2g s (retry %d of %d)",
+                         req.request_id, deployment.name, refusal.message, delay, pauses, self.retries)
+                await asyncio.sleep(delay)
         finally:
             pool.in_flight -= 1
             pool.last_active = time.monotonic()

@@ -117,6 +117,14 @@ class Stack:
         self.dtype = worker_dtype(settings.dtype, model_dir, on_cpu=not has_cuda())
         self._env: dict[str, str] = {}
 
+    @property
+    def discovery_dir(self) -> Path:
+        return self.run_dir / "discovery"
+
+    def dynamo_env(self) -> dict[str, str]:
+        """The environment every Dynamo process of this deployment starts with (the front door's KV router too)."""
+        return dynamo_env(self.settings, self.discovery_dir)
+
     # ---- process specs -------------------------------------------------------------------
 
     def _frontend_spec(self, env: dict[str, str]) -> ProcessSpec:
@@ -229,10 +237,9 @@ class Stack:
         if taken:
             raise StackStartError(f"port(s) already in use: {', '.join(taken)}; stop what holds them or choose "
                                   "other ports (rollout-serve up --help)")
-        discovery_dir = self.run_dir / "discovery"
-        shutil.rmtree(discovery_dir, ignore_errors=True)  # stale registrations would confuse the router
-        discovery_dir.mkdir(parents=True, exist_ok=True)
-        self._env = dynamo_env(self.settings, discovery_dir)
+        shutil.rmtree(self.discovery_dir, ignore_errors=True)  # stale registrations would confuse the router
+        self.discovery_dir.mkdir(parents=True, exist_ok=True)
+        self._env = self.dynamo_env()
         log.info("starting Dynamo frontend on :%d (router %s) and %d vLLM worker(s) (dtype %s); logs in %s",
                  self.settings.frontend_port, self.settings.router_mode, len(self.workers), self.dtype, self.run_dir)
         self.frontend = self._launch(self._frontend_spec(self._env))

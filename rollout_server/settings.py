@@ -73,8 +73,13 @@ class Settings(BaseSettings):
     # The Dynamo stack.
     workers: int = Field(1, ge=1, description="number of aggregated vLLM workers (Dynamo dynamo.vllm processes)")
     router_mode: Literal["kv", "round-robin", "random"] = Field("kv", description="Dynamo frontend routing policy")
-    session_affinity_ttl_s: int = Field(3600, ge=1, description="how long Dynamo keeps an idle session bound to its worker")
-    frontend_port: int = Field(8100, description="port of Dynamo's frontend (internal; the front door proxies to it)")
+    session_affinity_ttl_s: int = Field(3600, ge=1, description="how long an idle session stays bound to its worker")
+    frontend_port: int = Field(8100, description="port of Dynamo's frontend (internal; the front door's way to "
+                                                 "disaggregated workers, or to all with --no-embedded-router)")
+    embedded_router: bool = Field(True, description="route requests to aggregated workers with Dynamo's KV router "
+                                                    "inside the front door, not through Dynamo's frontend over HTTP "
+                                                    "(engine/embedded_router.py; disaggregated workers and the "
+                                                    "round-robin/random modes always go through Dynamo's frontend)")
     discovery_backend: Literal["file", "etcd"] = Field("file", description="Dynamo discovery: file (one machine) or etcd")
     kv_events_base_port: int = Field(20080, description="ZMQ KV-event port of worker 0; worker i uses base + i")
     worker_system_base_port: int = Field(18080, description="Dynamo system (health) port of worker 0; worker i uses base + i")

@@ -242,7 +242,24 @@ def test_a_refused_request_fails_over_to_the_other_deployment_at_once():
     assert token_ids(run(pool, request(sessions[0]), retry_delay_s=30)) == [7]
     assert time.monotonic() - started < 10, "failover waited for the pause between rounds of retries"
     assert (down.calls, up.calls, pool.failovers) == (1, 1, 1)
-    assert pool.in_flight == 0
+    assert pool.in_flight == 0 and [d.in_flight for d in pool.deployments] == [0, 0]
+
+
+def test_a_deployment_counts_the_requests_streaming_from_it():
+    fake = FakeDynamoFrontend((200, sse(TOKEN)))
+    pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", fake)])
+    seen = []
+
+    async def go():
+        router = PoolRouter(PoolSet(Settings(), [pool]))
+        try:
+            async for _ in router.stream(request()):
+                seen.append(pool.deployments[0].in_flight)
+        finally:
+            await router.close()
+
+    asyncio.run(go())
+    assert seen and set(seen) == {1} and pool.deployments[0].in_flight == 0
 
 
 def test_a_request_every_healthy_deployment_refused_tries_one_out_of_rotation():

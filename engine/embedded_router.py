@@ -1,0 +1,335 @@
+"""The front door's route to a deployment's workers through Dynamo's KV router, run inside the front door.
+
+Dynamo's frontend process is an HTTP server around a preprocessor (chat template, tokenizer), the KV router and a
+backend stage that turns token ids into text and applies stop strings. The front door renders and tokenizes every
+prompt itself, so for an aggregated deployment routed by KV it calls the same router as a library
+(`dynamo._core.KvRouter`) and decodes the text itself (engine/choice_text.py): one process and one HTTP hop fewer for
+every message of every request. The router finds the workers through the deployment's discovery directory and
+follows their KV events as Dynamo's frontend does; where a request goes stays the router's choice.
+
+Two things the library leaves to its caller:
+- session affinity: Dynamo's frontend binds a session (`x-dynamo-session-id`) to the worker of its first turn; the
+  router library reads no session from a request. `SessionPins` keeps the same binding here: a session's later
+  turns are sent to its worker while it serves them, and routed afresh once it does not;
+- the model's end-of-sequence ids: sent as stop ids, and kept among a choice's ids but out of its text, as
+  Dynamo's frontend does.
+
+Disaggregated deployments and the round-robin/random router modes keep going through Dynamo's frontend
+(engine/frontend_client.py): its prefill router and simple modes are not replaced here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import AsyncIterator, Iterator
+
+from tokenizers import Tokenizer
+
+from engine import stream_interval
+from engine.choice_text import ChoiceText
+from engine.frontend_client import (ChoiceDelta, EngineChunk, EngineRequest, EngineUsage, RefusedBeforeOutput,
+                                    SampledToken)
+from rollout_server.errors import APIError, unavailable
+
+log = logging.getLogger(__name__)
+
+WORKER_ENDPOINT = "dynamo.backend.generate"  # where dynamo.vllm registers an aggregated worker
+_SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
+             "repetition_penalty")
+
+
+class SessionPins:
+    """Session id -> the worker that holds its KV, forgotten after `ttl_s` without a turn."""
+
+    def __init__(self, ttl_s: float):
+        self.ttl_s = ttl_s
+        self._pins: OrderedDict[str, tuple[int, float]] = OrderedDict()  # least recently used first
+
+    def worker_of(self, session_id: str | None) -> int | None:
+        self._forget_idle()
+        pin = self._pins.get(session_id) if session_id else None
+        return pin[0] if pin else None
+
+    def pin(self, session_id: str | None, worker_id: int) -> None:
+        if session_id:
+            self._pins[session_id] = (worker_id, time.monotonic())
+            self._pins.move_to_end(session_id)
+
+    def unpin(self, session_id: str | None) -> None:
+        self._pins.pop(session_id, None)
+
+    def _forget_idle(self) -> None:
+        now = time.monotonic()
+        while self._pins and now - next(iter(self._pins.values()))[1] > self.ttl_s:
+            self._pins.popitem(last=False)
+
+
+def preprocessed_request(req: EngineRequest, eos_token_ids: list[int], adapter: bool) -> dict:
+    """The request as Dynamo's router and worker take it (its PreprocessedRequest), from what the front door
+    would send Dynamo's frontend."""
+    s = req.sampling
+    stop_conditions = {"max_tokens": req.max_tokens, "min_tokens": s.get("min_tokens"),
+                       "ignore_eos": s.get("ignore_eos"), "stop_token_ids": s.get("stop_token_ids"),
+                       "stop_token_ids_hidden": None if s.get("ignore_eos") else eos_token_ids}
+    sampling_options = {name: s[name] for name in _SAMPLING if s.get(name) is not None}
+    if req.guided:  # {"guided_json": ...} -> {"json": ...}
+        sampling_options["guided_decoding"] = {k.removeprefix("guided_"): v for k, v in req.guided.items()}
+    request = {"model": req.model, "token_ids": req.prompt_token_ids, "stop_conditions": stop_conditions,
+               "sampling_options": sampling_options,
+               "output_options": {"logprobs": req.top_logprobs if req.logprobs or req.top_logprobs else None},
+               "eos_token_ids": eos_token_ids, "routing": {}}
+    if req.stream_interval > 1:
+        request["annotations"] = [stream_interval.annotation(req.stream_interval)]
+    if req.cache_salt:  # the router's block hashes and the worker's cache, each salted
+        request["routing"]["cache_salt"] = req.cache_salt
+        request["extra_args"] = {"nvext": {"cache_salt": req.cache_salt}}
+    if adapter:
+        request["routing"]["lora_name"] = req.model
+    return request
+
+
+def _sampled_tokens(out: dict, top_logprobs: int) -> list[SampledToken]:
+    ids = out.get("token_ids") or []
+    logprobs = out.get("log_probs")
+    if logprobs is None:
+        return [SampledToken(token_id, None, []) for token_id in ids]
+    if not top_logprobs:
+        return [SampledToken(token_id, float(lp), []) for token_id, lp in zip(ids, logprobs)]
+    tops = out.get("top_logprobs") or []  # left out when each position held the sampled token alone
+    tokens = []
+    for i, (token_id, lp) in enumerate(zip(ids, logprobs)):
+        alternatives = tops[i] if i < len(tops) and tops[i] else [{"token_id": token_id, "logprob": lp}]
+        top = sorted(((a["token_id"], float(a["logprob"])) for a in alternatives), key=lambda p: -p[1])
+        tokens.append(SampledToken(token_id, float(lp), top))
+    return tokens
+
+
+def _engine_error(exc: Exception) -> APIError:
+    """An exception from the router or its stream -> the client's error: a 4xx the worker gave names the
+    request's own fault, anything else is the engine's."""
+    text = str(exc)
+    start = text.find("{")
+    if start != -1:
+        try:
+            body = json.loads(text[start:])
+        except ValueError:
+            body = {}
+        code = body.get("code") if isinstance(body, dict) else None
+        if isinstance(code, int) and 400 <= code < 500:
+            return APIError(code, str(body.get("message") or text))
+    return unavailable(f"the engine could not serve the request: {text}")
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """Dynamo reads its settings (discovery directory, planes, hosts) from the environment as a runtime starts;
+    each deployment's runtime starts with its own."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class EmbeddedRouterClient:
+    """The front door's connection to one aggregated deployment, through Dynamo's KV router in this process.
+
+    The same contract as DynamoFrontendClient: `stream_once` sends a request once; a failure before any token
+    raises `RefusedBeforeOutput` (the caller, engine/routing.py, may send it again), a later one an `APIError`.
+    """
+
+    def __init__(self, *, env: dict[str, str], discovery_backend: str, model_dir: Path, served_model_name: str,
+                 block_size: int, session_affinity_ttl_s: float, host_cache_hit_weight: float | None = None,
+                 timeout_s: float = 600.0):
+        self.route = f"in-process KV router ({env.get('DYN_FILE_KV') or discovery_backend})"
+        self.env = env
+        self.discovery_backend = discovery_backend
+        self.served_model_name = served_model_name
+        self.block_size = block_size
+        self.host_cache_hit_weight = host_cache_hit_weight
+        self.timeout_s = timeout_s
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.eos_token_ids = _eos_token_ids(model_dir)
+        self.pins = SessionPins(session_affinity_ttl_s)
+        self._runtime = None
+        self._router = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _kv_router(self):
+        """The router of the running event loop (Dynamo's runtime is bound to one), made on first use."""
+        from dynamo._core import DistributedRuntime, KvRouter, KvRouterConfig
+
+        loop = asyncio.get_running_loop()
+        if self._router is None or self._loop is not loop:
+            with _environment(self.env):
+                self._runtime = DistributedRuntime(loop, self.discovery_backend, "tcp", event_plane="zmq")
+            config = (KvRouterConfig() if self.host_cache_hit_weight is None
+                      else KvRouterConfig(host_cache_hit_weight=self.host_cache_hit_weight))
+            self._router = KvRouter(self._runtime.endpoint(WORKER_ENDPOINT), self.block_size, config)
+            self._loop = loop
+            log.info("KV router in the front door: workers found through %s", self.route)
+        return self._router
+
+    async def close(self) -> None:
+        if self._runtime is not None and self._loop is asyncio.get_running_loop():
+            self._runtime.shutdown()
+        self._runtime = self._router = self._loop = None
+
+    async def stream_once(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        try:
+            stream = await self._send(req, self.pins.worker_of(req.session_id))
+            async for chunk in self._chunks(stream, req):
+                yield chunk
+        except RefusedBeforeOutput:
+            self.pins.unpin(req.session_id)  # its worker may be gone: a retry is placed afresh
+            raise
+
+    async def _send(self, req: EngineRequest, worker_id: int | None):
+        request = preprocessed_request(req, self.eos_token_ids, adapter=req.model != self.served_model_name)
+        if worker_id is not None:
+            request["routing"]["backend_instance_id"] = worker_id
+        try:
+            return await self._kv_router().generate_from_request(request)
+        except Exception as exc:
+            error = _engine_error(exc)
+            raise (RefusedBeforeOutput(error) if error.status == 503 else error) from exc
+
+    async def _chunks(self, stream, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Dynamo's outputs -> chunks with text; ends (dropping the stream, which cancels what the worker would
+        still send) once every choice has finished."""
+        n = req.sampling.get("n") or 1
+        stop_ids = {*(req.sampling.get("stop_token_ids") or []), *self.eos_token_ids}
+        texts = [self._choice_text(req) for _ in range(n)]
+        usage = _Usage(n)
+        finished: set[int] = set()
+        produced = False
+        silence = _Silence(self.timeout_s)
+        try:
+            while (out := await silence.next(stream)) is not None:
+                routing = (out.get("routing_data") or {}).get("worker_id") or {}
+                worker = routing.get("decode_worker_id")
+                if worker is not None:
+                    self.pins.pin(req.session_id, worker)
+                if (out.get("index") or 0) in finished:
+                    continue  # a choice a stop string ended, still generating
+                delta = self._delta(out, req, texts, stop_ids)
+                produced = produced or bool(delta.tokens)
+                if delta.finish_reason:
+                    finished.add(delta.index)
+                chunk = EngineChunk([delta], usage.add(out, delta), str(worker) if worker is not None else None,
+                                    time.monotonic())
+                chunk.final = len(finished) == n
+                yield chunk
+                if chunk.final:
+                    return
+        except APIError:
+            raise
+        except TimeoutError as exc:
+            raise APIError(504, f"the engine sent nothing for {self.timeout_s:g} s (request_timeout_s)") from exc
+        except Exception as exc:
+            error = _engine_error(exc)
+            raise (error if produced or error.status != 503 else RefusedBeforeOutput(error)) from exc
+        finally:
+            silence.close()
+        raise unavailable("the engine's stream ended before the request finished (its worker may have died)")
+
+    def _choice_text(self, req: EngineRequest) -> ChoiceText:
+        s = req.sampling
+        stop = s.get("stop")
+        return ChoiceText(self.tokenizer, [stop] if isinstance(stop, str) else stop, s.get("min_tokens") or 0,
+                          bool(s.get("include_stop_str_in_output")), s.get("skip_special_tokens", True) is not False)
+
+    def _delta(self, out: dict, req: EngineRequest, texts: list[ChoiceText], stop_ids: set[int]) -> ChoiceDelta:
+        index = out.get("index") or 0
+        tokens = _sampled_tokens(out, req.top_logprobs)
+        finish = out.get("finish_reason")
+        if finish is not None and finish not in ("stop", "eos", "length", "cancelled"):
+            raise unavailable(f"the engine ended the request: {finish}")
+        ids = [t.token_id for t in tokens]
+        if finish and ids and ids[-1] in stop_ids:
+            ids.pop()  # the stop id (the model's EOS, or one the client named) stays among the ids, not in the text
+        step = texts[index].add(ids)
+        if step.stopped:
+            return ChoiceDelta(index, step.text, tokens[:step.kept], "stop")
+        text = step.text + (texts[index].finish() if finish else "")
+        # As Dynamo's frontend reports them; a request a deploy cancelled is told apart by generation.py
+        return ChoiceDelta(index, text, tokens, "stop" if finish in ("eos", "cancelled") else finish)
+
+
+class _Silence:
+    """A request's wait for the engine's next output, given up after `limit_s` (TimeoutError), as the HTTP path's
+    read timeout gives it up: one timer per request, re-armed when it fires early, not one per message."""
+
+    def __init__(self, limit_s: float):
+        self.limit_s = limit_s
+        self._loop = asyncio.get_running_loop()
+        self._waiting: asyncio.Task | None = None
+        self._since = 0.0
+        self._expired = False
+        self._timer = self._loop.call_later(limit_s, self._check)
+
+    async def next(self, stream) -> dict | None:
+        """The stream's next output, None at its end."""
+        self._waiting, self._since = asyncio.current_task(), self._loop.time()
+        try:
+            return await stream.__anext__()
+        except StopAsyncIteration:
+            return None
+        except asyncio.CancelledError:
+            if self._expired and self._waiting.uncancel() == 0:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._waiting = None
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self._waiting is not None and now - self._since >= self.limit_s:
+            self._expired = True
+            self._waiting.cancel()
+            return
+        self._timer = self._loop.call_at((self._since if self._waiting else now) + self.limit_s, self._check)
+
+
+class _Usage:
+    """The request's usage so far: the prompt's counts as the worker last reported them, the completion's as
+    counted here (a choice a stop string ended keeps only its tokens up to it)."""
+
+    def __init__(self, choices: int):
+        self.prompt_tokens = self.cached_tokens = 0
+        self.emitted = [0] * choices
+
+    def add(self, out: dict, delta: ChoiceDelta) -> EngineUsage:
+        reported = out.get("completion_usage")
+        if reported:
+            self.prompt_tokens = reported.get("prompt_tokens") or 0
+            self.cached_tokens = (reported.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        self.emitted[delta.index] += len(delta.tokens)
+        return EngineUsage(self.prompt_tokens, sum(self.emitted), self.cached_tokens)
+
+
+def _eos_token_ids(model_dir: Path) -> list[int]:
+    """The model's end-of-sequence ids, from its generation config (else its config), as Dynamo's frontend
+    reads them."""
+    for name in ("generation_config.json", "config.json"):
+        path = model_dir / name
+        if path.exists():
+            eos = json.loads(path.read_text()).get("eos_token_id")
+            if eos is not None:
+                return eos if isinstance(eos, list) else [eos]
+    return []

@@ -1,0 +1,103 @@
+"""The front door's in-process KV router (engine/embedded_router.py) on the real stack: what it returns is what
+Dynamo's frontend returns for the same request, and requests no longer pass through Dynamo's frontend."""
+
+import asyncio
+import json
+import os
+import signal
+
+import httpx
+import pytest
+
+from engine.embedded_router import EmbeddedRouterClient
+from engine.frontend_client import DynamoFrontendClient, EngineRequest
+from engine.stack import dynamo_env
+from rollout_server.settings import Settings
+from tests.stack_harness import CACHE_DIR
+
+MODEL = "tiny-qwen2"
+MODEL_DIR = CACHE_DIR / "models" / "tiny-qwen2-v0"
+
+
+def embedded_client(stack) -> EmbeddedRouterClient:
+    discovery = stack.state_dir / f"stack-{stack.frontend_url.rsplit(':', 1)[1]}" / "discovery"
+    env = {**dynamo_env(Settings(), discovery), "DYN_LOG": "warn"}
+    return EmbeddedRouterClient(env=env, discovery_backend="file", model_dir=MODEL_DIR,
+                                served_model_name=MODEL, block_size=Settings().block_size, session_affinity_ttl_s=60)
+
+
+async def answer(client, req: EngineRequest) -> tuple[dict, tuple[int, int]]:
+    """choice index -> (ids, logprobs when asked, alternatives, text, finish reason); and the usage."""
+    choices, usage = {}, None
+    try:
+        async for chunk in client.stream_once(req):
+            usage = chunk.usage or usage
+            for d in chunk.deltas:
+                ids, lps, tops, text, finish = choices.get(d.index, ([], [], [], "", None))
+                choices[d.index] = (ids + [t.token_id for t in d.tokens],
+                                    lps + [round(t.logprob, 4) for t in d.tokens if req.logprobs],
+                                    tops + [[(i, round(lp, 4)) for i, lp in t.top] for t in d.tokens],
+                                    text + d.text, d.finish_reason or finish)
+    finally:
+        await client.close()
+    return choices, (usage.prompt_tokens, usage.completion_tokens)
+
+
+def greedy_text(stack, prompt: list[int]) -> str:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": 0}
+    return httpx.post(f"{stack.frontend_url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+
+@pytest.fixture(scope="module")
+def prompt(stack):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(MODEL_DIR).encode("the same ids either way")
+
+
+SAMPLINGS = {"eos": {}, "ignore_eos": {"ignore_eos": True}, "stop": {"stop": "middle"},
+             "stop_kept": {"stop": "middle", "include_stop_str_in_output": True}, "stop_id": {"stop_token_ids": "fifth"},
+             "special_tokens": {"skip_special_tokens": False}, "min_tokens": {"min_tokens": 30},
+             "seeded": {"seed": 7, "temperature": 1.0}, "two_choices": {"n": 2, "seed": 3, "temperature": 1.0}}
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS)
+@pytest.mark.parametrize("interval", [1, 16])
+@pytest.mark.parametrize("logprobs,top", [(True, 0), (False, 0), (True, 3)])
+def test_the_same_answer_as_dynamos_frontend(stack, prompt, sampling, interval, logprobs, top):
+    sampling = dict(SAMPLINGS[sampling])
+    greedy = greedy_text(stack, prompt)
+    if sampling.get("stop") == "middle":
+        sampling["stop"] = [greedy[len(greedy) // 2:][:3]]
+    if sampling.get("stop_token_ids") == "fifth":
+        sampling["stop_token_ids"] = [greedy_ids(stack, prompt)[4]]
+
+    def req(name: str) -> EngineRequest:
+        return EngineRequest(model=MODEL, request_id=name, prompt_token_ids=prompt, max_tokens=40,
+                             sampling={"temperature": 0, **sampling}, stream_interval=interval, logprobs=logprobs,
+                             top_logprobs=top)
+
+    through_frontend = asyncio.run(answer(DynamoFrontendClient(stack.frontend_url), req("via-frontend")))
+    in_process = asyncio.run(answer(embedded_client(stack), req("in-process")))
+    assert through_frontend[0][0][0], "the engine generated nothing: this compares nothing"
+    assert in_process == through_frontend
+
+
+def greedy_ids(stack, prompt: list[int]) -> list[int]:
+    """The greedy completion's ids (among them, stop ids the model surely writes)."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": 0, "return_token_ids": True}
+    return httpx.post(f"{stack.url}/v1/completions", json=body, timeout=60).json()["choices"][0]["token_ids"]
+
+
+def test_requests_no_longer_pass_through_dynamos_frontend(stack):
+    """With Dynamo's frontend process stopped (SIGSTOP), the front door still answers, streamed and whole."""
+    frontend_pid = stack.status()["pools"][0]["deployments"][0]["frontend_pid"]
+    body = {"model": MODEL, "prompt": "the worker", "max_tokens": 8, "temperature": 0}
+    os.kill(frontend_pid, signal.SIGSTOP)
+    try:
+        whole = httpx.post(f"{stack.url}/v1/completions", json=body, timeout=30)
+        with httpx.stream("POST", f"{stack.url}/v1/completions", json={**body, "stream": True}, timeout=30) as resp:
+            events = [line for line in resp.iter_lines() if line.startswith("data: {")]
+    finally:
+        os.kill(frontend_pid, signal.SIGCONT)
+    assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 8
+    assert "".join(json.loads(e[6:])["choices"][0]["text"] for e in events) == whole.json()["choices"][0]["text"]
