@@ -46,10 +46,12 @@ _SAMPLING = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "presence_pe
 
 
 class SessionPins:
-    """Session id -> the worker that holds its KV, forgotten after `ttl_s` without a turn."""
+    """Session id -> the worker that holds its KV, forgotten after `ttl_s` without a turn, or sooner when more
+    than `most` sessions are pinned (a request without a session id gets one of its own: rollout_server/generation.py)."""
 
-    def __init__(self, ttl_s: float):
+    def __init__(self, ttl_s: float, most: int = 200_000):
         self.ttl_s = ttl_s
+        self.most = most
         self._pins: OrderedDict[str, tuple[int, float]] = OrderedDict()  # least recently used first
 
     def worker_of(self, session_id: str | None) -> int | None:
@@ -61,6 +63,8 @@ class SessionPins:
         if session_id:
             self._pins[session_id] = (worker_id, time.monotonic())
             self._pins.move_to_end(session_id)
+            if len(self._pins) > self.most:
+                self._pins.popitem(last=False)
 
     def unpin(self, session_id: str | None) -> None:
         self._pins.pop(session_id, None)

@@ -53,6 +53,15 @@ def test_a_session_stays_pinned_until_it_idles_past_the_ttl(monkeypatch):
     assert pins.worker_of("a") is None
 
 
+def test_past_its_size_the_least_recently_used_session_is_forgotten():
+    pins = SessionPins(ttl_s=60, most=2)
+    pins.pin("a", 1)
+    pins.pin("b", 2)
+    pins.pin("a", 1)
+    pins.pin("c", 3)
+    assert (pins.worker_of("a"), pins.worker_of("b"), pins.worker_of("c")) == (1, None, 3)
+
+
 def test_a_refusal_the_worker_gives_keeps_its_status_and_anything_else_is_a_503():
     refused = _engine_error(ValueError('InvalidRequest: {"message":"n must be 1 when using greedy sampling","code":400}'))
     assert (refused.status, refused.message) == (400, "n must be 1 when using greedy sampling")
