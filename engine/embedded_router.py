@@ -35,7 +35,7 @@ from tokenizers import Tokenizer
 from engine import stream_interval
 from engine.choice_text import ChoiceText
 from engine.frontend_client import (ChoiceDelta, EngineChunk, EngineRequest, EngineUsage, RefusedBeforeOutput,
-                                    SampledToken)
+                                    SampledToken, engine_error)
 from rollout_server.errors import APIError, unavailable
 
 log = logging.getLogger(__name__)
@@ -115,19 +115,18 @@ def _sampled_tokens(out: dict, top_logprobs: int) -> list[SampledToken]:
     return tokens
 
 
-def _engine_error(exc: Exception) -> APIError:
-    """An exception from the router or its stream -> the client's error: a 4xx the worker gave names the
-    request's own fault, anything else is the engine's."""
+def _engine_error(exc: Exception, req: EngineRequest) -> APIError:
+    """An exception from the router or its stream -> the client's error. The worker's refusals carry Dynamo's
+    error body (`InvalidRequest: {"message": ..., "code": 400}`), read as the HTTP path reads it; anything else
+    is the engine's failure."""
     text = str(exc)
     start = text.find("{")
-    if start != -1:
-        try:
-            body = json.loads(text[start:])
-        except ValueError:
-            body = {}
-        code = body.get("code") if isinstance(body, dict) else None
-        if isinstance(code, int) and 400 <= code < 500:
-            return APIError(code, str(body.get("message") or text))
+    try:
+        body = json.loads(text[start:]) if start != -1 else None
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("code"), int):
+        return engine_error(body["code"], body, req)
     return unavailable(f"the engine could not serve the request: {text}")
 
 
@@ -207,7 +206,7 @@ class EmbeddedRouterClient:
         try:
             return await self._kv_router().generate_from_request(request)
         except Exception as exc:
-            error = _engine_error(exc)
+            error = _engine_error(exc, req)
             raise (RefusedBeforeOutput(error) if error.status == 503 else error) from exc
 
     async def _chunks(self, stream, req: EngineRequest) -> AsyncIterator[EngineChunk]:
@@ -243,7 +242,7 @@ class EmbeddedRouterClient:
         except TimeoutError as exc:
             raise APIError(504, f"the engine sent nothing for {self.timeout_s:g} s (request_timeout_s)") from exc
         except Exception as exc:
-            error = _engine_error(exc)
+            error = _engine_error(exc, req)
             raise (error if produced or error.status != 503 else RefusedBeforeOutput(error)) from exc
         finally:
             silence.close()

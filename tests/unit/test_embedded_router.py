@@ -63,10 +63,12 @@ def test_past_its_size_the_least_recently_used_session_is_forgotten():
 
 
 def test_a_refusal_the_worker_gives_keeps_its_status_and_anything_else_is_a_503():
-    refused = _engine_error(ValueError('InvalidRequest: {"message":"n must be 1 when using greedy sampling","code":400}'))
+    refused = _engine_error(ValueError('InvalidRequest: {"message":"n must be 1 when using greedy sampling","code":400}'),
+                            request())
     assert (refused.status, refused.message) == (400, "n must be 1 when using greedy sampling")
-    assert _engine_error(RuntimeError("no endpoints available to route work")).status == 503
-    assert _engine_error(RuntimeError("broken {not json")).status == 503
+    assert _engine_error(ValueError('{"message":"worker failed","code":500}'), request()).status == 503
+    assert _engine_error(RuntimeError("no endpoints available to route work"), request()).status == 503
+    assert _engine_error(RuntimeError("broken {not json"), request()).status == 503
 
 
 class StalledStream:
