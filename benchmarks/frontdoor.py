@@ -21,7 +21,8 @@
    tokens each engine step generated (from vLLM's own metrics): a request that takes longer to
    reach the engine leaves its slot of the batch empty meanwhile (`tokens_per_step_ratio`), and
    the time a request spends outside the engine (`*_path_ms`: client latency less vLLM's own
-   request latency, arrival at its engine client to the last token).
+   request latency, arrival at its engine client to the last token), and the same time for a request sent
+   alone after the rounds (`*_lone_path_ms`: what the hops on its way cost before any queueing).
 2. Long multi-turn sessions over two workers, with Dynamo's KV router + session
    affinity vs round-robin: TTFT of returning turns vs cold first turns, and the
    prompt cache hit rate of returning turns.
@@ -61,6 +62,7 @@ from tests.stack_harness import CACHE_DIR, free_port_block, start_stack, wait_un
 RESULTS = Path(__file__).parent / "results" / "frontdoor.json"
 MODEL = "tiny-qwen2"
 SETTLE_S = 1.0
+LONE_REQUESTS = 12
 
 
 # ---- load ---------------------------------------------------------------------------------
@@ -340,14 +342,27 @@ def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[b
                                                       / max(1, run["tokens"]))
                     time.sleep(SETTLE_S)  # every server is idle before the next one is loaded
                     runs[name].append(run)
+            lone = {name: lone_request_path_ms(url, extra[stream], stream, metrics_port[name], load)
+                    for name, (url, extra) in targets.items()}
             suffix = ("_streamed" if interval == 1 else f"_streamed_interval_{interval}") if stream else "_unstreamed"
             figures.update({f"{key}{suffix}": value for key, value in _overhead_figures(runs, labels, stream).items()})
+            figures.update({f"{name}_lone_path_ms{suffix}": ms for name, ms in lone.items()})
+            print("   one request at a time, its time outside the engine: "
+                  + ", ".join(f"{labels[name]} {ms:.1f} ms" for name, ms in lone.items()), flush=True)
     finally:
         os.sched_setaffinity(0, every_core)
         for stack in stacks.values():
             stack.stop()
         stop_group(vllm)
     return figures
+
+
+def lone_request_path_ms(url: str, extra: dict, stream: bool, metrics_port: int, load: dict) -> float:
+    """A request's time outside the engine when no other request is running: what each hop on its way costs
+    before any queueing on the shared host core (under the load, `path_ms`, that time also holds the waits)."""
+    in_engine_before = engine_seconds(metrics_port)
+    run = asyncio.run(run_load(url, MODEL, LONE_REQUESTS, 1, load["prompt_len"], load["max_tokens"], stream, extra))
+    return 1000 * (run["latency_sum_s"] - (engine_seconds(metrics_port) - in_engine_before)) / run["requests"]
 
 
 def _round_ratios(runs: dict[str, list[dict]], target: str, baseline: str) -> list[float]:

@@ -81,6 +81,7 @@ def create_app(state: AppState) -> GenerationRoutes:
             supervisor.cancel()
         if state.batches is not None:
             await state.batches.stop()
+        await state.ctx.wrapped_up()  # the last answers' bookkeeping, while its stores and engine streams are open
         await state.ctx.client.close()
         if state.traces is not None:
             await state.traces.close()

@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Coroutine
 
 import msgspec
 
@@ -100,9 +100,22 @@ class ServingContext:
     pools: dict[str, PoolConfig] = field(  # name -> config, the default pool included
         default_factory=lambda: {DEFAULT_POOL: PoolConfig(name=DEFAULT_POOL, kind="shared")})
 
+    _wrapping_up: set[asyncio.Task] = field(default_factory=set, init=False, repr=False)
+
     @property
     def model_name(self) -> str:
         return self.models.base.id
+
+    def after_answer(self, wrap_up: Coroutine[Any, Any, None]) -> None:
+        """Runs a request's wrap-up in a task of its own: it starts once the request's task has answered."""
+        task = asyncio.get_running_loop().create_task(wrap_up)
+        self._wrapping_up.add(task)
+        task.add_done_callback(self._wrapping_up.discard)
+
+    async def wrapped_up(self) -> None:
+        """Waits for the wrap-ups still running (at shutdown, before the stores their hooks write to close)."""
+        while self._wrapping_up:
+            await asyncio.gather(*self._wrapping_up, return_exceptions=True)
 
     def route(self, model_field: str, who: Principal) -> Route:
         """The served model and pool a request's `model` names (404 unknown, 403 another team's pool)."""
@@ -260,20 +273,35 @@ class Generation:
                 self.on_choice_finished(choice)
 
     async def chunks(self) -> AsyncIterator[EngineChunk]:
-        """The engine's chunks, in order (the first was already read by start())."""
+        """The engine's chunks, in order (the first was already read by start()), up to the one that makes the
+        answer whole (`EngineChunk.final`). What follows it, the end of the engine stream and the request's
+        bookkeeping, runs after the caller has answered the client (`_wrap_up`)."""
         ok = False
         try:
             chunk = self._peeked
             while chunk is not None:
                 yield chunk
+                if chunk.final:
+                    break
                 chunk = await self._next_chunk()
             ok = True
         finally:
             if ok:
-                self.ctx.metrics.request_finished(self.endpoint, ok=True)
-                await self._finish()
+                self.ctx.after_answer(self._wrap_up())
             else:
                 self._failed()
+
+    async def _wrap_up(self) -> None:
+        """Reads the engine stream to its end (nothing more is left in it, usually) and runs the finish hooks.
+        The answer does not wait for it: when several requests end at once, each answer goes out before any of
+        their bookkeeping, and each client can send its next request sooner."""
+        try:
+            async for _ in self._chunks:
+                pass
+        except Exception as exc:
+            log.warning("request %s: its engine stream failed after the answer was whole: %s", self.req.request_id, exc)
+        self.ctx.metrics.request_finished(self.endpoint, ok=True)
+        await self._finish()
 
     async def run_to_end(self) -> list[ChoiceResult]:
         async for _ in self.chunks():
