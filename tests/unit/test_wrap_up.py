@@ -64,36 +64,33 @@ def serve(model_dir, tmp_path, log: list, **double) -> tuple:
     return app, ctx
 
 
-def post(app, log: list, body: dict) -> list:
-    """Sends `body` to /v1/completions through the ASGI app; the log gets "answered" once the response ended."""
-    chunks = []
+def run(app, ctx, log: list, body: dict) -> tuple[int, bytes]:
+    """POSTs `body` to /v1/completions through the ASGI app, then waits for the wrap-ups; the log gets "answered"
+    when the response's last piece is sent and "handler returned" when the app's call ends."""
+    status, pieces = [], []
 
     async def receive():
         return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
 
     async def send(message):
         if message["type"] == "http.response.start":
-            chunks.append(message["status"])
+            status.append(message["status"])
         elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
+            pieces.append(message.get("body", b""))
             if not message.get("more_body"):
                 log.append("answered")
 
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"content-type", b"application/json")],
              "query_string": b"", "scheme": "http", "server": ("test", 80), "client": ("test", 1), "root_path": "",
              "http_version": "1.1", "asgi": {"version": "3.0"}}
-    return chunks, app(scope, receive, send)
 
-
-def run(app, ctx, log: list, body: dict) -> tuple[int, bytes]:
     async def go():
-        chunks, answering = post(app, log, body)
-        await answering
+        await app(scope, receive, send)
         log.append("handler returned")
         await ctx.wrapped_up()
-        return chunks[0], b"".join(chunks[1:])
 
-    return asyncio.run(go())
+    asyncio.run(go())
+    return status[0], b"".join(pieces)
 
 
 def test_a_whole_response_goes_out_before_the_stream_end_and_the_hooks(model_dir, tmp_path):
