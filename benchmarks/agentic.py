@@ -34,11 +34,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.kv_tier.formats import KvShape, capacity_report
-from engine.stack import vllm_counter
+from engine.settings import DisaggregationSettings
+from engine.supervisor.health import vllm_counter
 from kernels import layouts
+from rollout_server.harness.stack import CACHE_DIR, free_port_block, start_stack
 from rollout_server.settings import Settings
-from rollout_server.tiny_model import ensure_tiny_model
-from tests.stack_harness import CACHE_DIR, free_port_block, start_stack
+from rollout_server.tiny_model.builder import ensure_tiny_model
 
 RESULTS = Path(__file__).parent / "results" / "agentic.json"
 MODEL = "tiny-qwen2"
@@ -276,7 +277,7 @@ def measure_returning_turns(tmp: Path, t: TierWorkload, tier_enabled: bool) -> d
 # ---- sizes and descriptors -------------------------------------------------------------------
 
 def tier_capacity(model_dir: Path) -> dict:
-    tier = Settings().kv_tier
+    tier = Settings().engine.kv_tier
     return capacity_report(tier.capacity_bytes, KvShape.from_hf_config(model_dir), BLOCK_SIZE)
 
 
@@ -300,7 +301,7 @@ def descriptor_counts(model_dir: Path, w: Workload) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="shorter runs (a smoke test of the benchmark)")
-    parser.add_argument("--budgets", type=int, nargs=2, default=[Settings().prefill_budget_tokens, 2048],
+    parser.add_argument("--budgets", type=int, nargs=2, default=[DisaggregationSettings().prefill_budget_tokens, 2048],
                         help="the two prefill token budgets compared (the first is the default)")
     parser.add_argument("--rounds", type=int, default=2, help="aggregated/disaggregated pairs, order alternating")
     parser.add_argument("--skip-tier", action="store_true")
@@ -309,7 +310,7 @@ def main() -> None:
                         help="also aggregated and disaggregated without cold sessions (decode capacity alone)")
     opts = parser.parse_args()
     w = Workload(turns_per_session=10, cold_sessions=4) if opts.quick else Workload()
-    model_dir = Settings().model or ensure_tiny_model(0, CACHE_DIR / "models")  # ROLLOUT_SERVE_MODEL: another model
+    model_dir = Settings().engine.model or ensure_tiny_model(0, CACHE_DIR / "models")  # ROLLOUT_SERVE_MODEL: another model
     tmp = Path(tempfile.mkdtemp(prefix="agentic-bench-"))
     fig: dict = {f"workload_{k}": v for k, v in dataclasses.asdict(w).items()}
 

@@ -28,7 +28,15 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.pools.pool_stack import MODEL, StreamRecord, kill_worker_under_load, pools, start_pool_stack, stream, wait_for  # noqa: E402
+from rollout_server.harness.pool_stack import (  # noqa: E402
+    MODEL,
+    StreamRecord,
+    kill_worker_under_load,
+    pools,
+    start_pool_stack,
+    stream,
+    wait_for,
+)
 
 RESULTS = Path(__file__).parent / "results" / "capacity.json"
 POOLS = """

@@ -31,9 +31,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
-from tests.deploy.checkpoint_factory import copy_checkpoint, write_lora_adapter  # noqa: E402
-from tests.stack_harness import CACHE_DIR, start_stack  # noqa: E402
+from rollout_server.harness.checkpoints import copy_checkpoint, write_lora_adapter  # noqa: E402
+from rollout_server.harness.stack import CACHE_DIR, start_stack  # noqa: E402
+from rollout_server.tiny_model.builder import ensure_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "deploy.json"
 

@@ -1,7 +1,7 @@
 """Front door overhead and KV-aware session routing, measured in one run.
 
 1. The same concurrent load sent directly to a plain vLLM OpenAI server (the baseline; its
-   processes placed as in a rollout-serve stack: engine/cpu_placement.py) and through
+   processes placed as in a rollout-serve stack: engine/supervisor/cpu_placement.py) and through
    rollout-serve (front door -> Dynamo KV router -> one vLLM worker): throughput
    (completion tokens/s) and p50/p90 request latency. The front door asks its engine for
    every sampled token's logprob by default (traces keep them: traces.capture_logprobs), work
@@ -52,12 +52,12 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine import stream_interval  # noqa: E402
-from engine.compute_dtype import worker_dtype  # noqa: E402
-from engine.cpu_placement import host_cores  # noqa: E402
-from engine.stack import vllm_counter  # noqa: E402
-from rollout_server.settings import Settings  # noqa: E402
-from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
-from tests.stack_harness import CACHE_DIR, free_port_block, start_stack, wait_until_answering  # noqa: E402
+from engine.settings import EngineSettings  # noqa: E402
+from engine.supervisor.compute_dtype import worker_dtype  # noqa: E402
+from engine.supervisor.cpu_placement import host_cores  # noqa: E402
+from engine.supervisor.health import vllm_counter  # noqa: E402
+from rollout_server.harness.stack import CACHE_DIR, free_port_block, start_stack, wait_until_answering  # noqa: E402
+from rollout_server.tiny_model.builder import ensure_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "frontdoor.json"
 MODEL = "tiny-qwen2"
@@ -137,7 +137,7 @@ def start_plain_vllm(model_dir: Path, port: int, log: Path, extra_args: tuple[st
     argv = [sys.executable, str(Path(__file__).parent / "vllm_server_like_a_worker.py"), "--model", str(model_dir),
             "--served-model-name", MODEL, "--port", str(port), "--host", "127.0.0.1", "--block-size", "32",
             "--enforce-eager", "--kv-cache-memory-bytes", str(2**29), "--max-model-len", "32768",
-            "--dtype", worker_dtype(Settings().dtype, model_dir, on_cpu=True), *extra_args]
+            "--dtype", worker_dtype(EngineSettings().dtype, model_dir, on_cpu=True), *extra_args]
     proc = subprocess.Popen(argv, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until_answering(f"http://127.0.0.1:{port}/v1/models", proc, log, timeout_s=400)
@@ -181,7 +181,7 @@ def host_processes(stack) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"dynamo.frontend" in cmdline or b"engine.dynamo_worker" in cmdline:
+        if b"dynamo.frontend" in cmdline or b"engine.worker.dynamo_worker" in cmdline:
             pids.append(pid)
     return pids
 
@@ -249,7 +249,7 @@ async def run_sessions(url: str, sessions: int, turns: int, first_words: int, wo
     }
 
 
-# The sampled token's logprob, as the front door asks its engine for it (engine/frontend_client.py)
+# The sampled token's logprob, as the front door asks its engine for it (engine/client/dynamo_http.py)
 SAMPLED_LOGPROBS = {"logprobs": 0, "return_tokens_as_token_ids": True}
 HEADLINE = {  # name -> what it is: the pair `throughput_ratio` compares, doing the same engine work
     "direct_logprobs": "plain vLLM, client asks logprobs",
@@ -274,12 +274,12 @@ RATIOS = {  # figure -> (target, baseline), each computed when both were measure
 
 
 def dynamo_direct_body(stream: bool) -> dict:
-    """What the front door adds to each request it sends Dynamo's frontend (engine/frontend_client.py): the
+    """What the front door adds to each request it sends Dynamo's frontend (engine/client/dynamo_http.py): the
     sampled tokens' logprobs and, for a whole response, its stream interval setting (whole responses travel
     from the worker in messages of that many tokens)."""
     if stream:
         return SAMPLED_LOGPROBS
-    return {**SAMPLED_LOGPROBS, "nvext": {"annotations": [stream_interval.annotation(Settings().unstreamed_interval)]}}
+    return {**SAMPLED_LOGPROBS, "nvext": {"annotations": [stream_interval.annotation(EngineSettings().unstreamed_interval)]}}
 
 
 def measure_overhead(model_dir: Path, tmp: Path, interval: int, streams: tuple[bool, ...], rounds: int,

@@ -447,7 +447,7 @@ def main() -> None:
 
     from transformers import AutoConfig
 
-    from rollout_server.tiny_model import ensure_tiny_model
+    from rollout_server.tiny_model.builder import ensure_tiny_model
 
     parser = argparse.ArgumentParser(description="KV formats benchmark: sizes, accuracy, descriptors, NIXL transfer")
     parser.add_argument("--transfer-scale", type=int, default=TRANSFER_SCALE,

@@ -9,7 +9,7 @@ Parse: a /inference/v1/generate body with a `--tokens`-id prompt, decoded by the
 (FastAPI's default) and by msgspec (`rollout_server/fast_json.py`); validate: the same ids as a
 /v1/completions prompt, by the front door's CompletionRequest and by the same union with texts tried first
 (as it was: every id then made a validation error); encode: the same ids as the engine
-request (`engine/frontend_client.py`) and a /generate response (which echoes them) write them, both ways.
+request (`engine/client/dynamo_http.py`) and a /generate response (which echoes them) write them, both ways.
 Returning turn: an agent session of ~`--tokens` tokens in 20 turns gets one more turn of ~6,000 tokens;
 its prompt rendered and tokenized whole (as before) and from where the turn before ended
 (`rollout_server/session_prompts.py`, the session's earlier ids kept); the two give the same ids.
@@ -31,12 +31,12 @@ import msgspec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rollout_server.harness.stack import CACHE_DIR  # noqa: E402
 from rollout_server.protocol import CompletionRequest  # noqa: E402
-from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
+from rollout_server.tiny_model.builder import ensure_tiny_model  # noqa: E402
 from rollout_server.tokenizer import ModelTokenizer, tokenize_off_the_loop  # noqa: E402
-from tests.stack_harness import CACHE_DIR  # noqa: E402
 
-SOURCE = (Path(__file__).resolve().parents[1] / "rollout_server" / "generation.py").read_text()
+SOURCE = (Path(__file__).resolve().parents[1] / "rollout_server" / "serving" / "generation.py").read_text()
 
 
 class TextsFirstCompletionRequest(CompletionRequest):

@@ -26,7 +26,7 @@ place in the suite for each request; the 16..128-tool sets are always the suite'
 first N tools, so their long prompts (up to ~32K tokens) share one cached prefix.
 The named function cycles through the request's tools. Sampling: temperature 1.0 with
 a fixed seed per request, `max_tokens` 256. The tiny model was trained for about a
-minute to write short tool calls (`rollout_server/tiny_model_training.py`); with random
+minute to write short tool calls (`rollout_server/tiny_model/training.py`); with random
 weights it never closed a JSON string and most calls were cut by `max_tokens`.
 
 Prefix-cache warm-up, and why: before the suite, every request's exact prompt is sent
@@ -36,7 +36,7 @@ seeded request is prefilled in chunks (`gpu_model_runner._bookkeeping_sync` call
 `torch.Generator.set_offset`, which CPU generators refuse: "CPU Generator does not use
 offset"); chunking starts past 2,048 prompt tokens (vLLM's CPU default for
 max_num_batched_tokens). rollout-serve's workers rewind the generator another way
-(engine/cpu_seeded_chunks.py); the plain vLLM baseline runs as its docs recommend, so
+(engine/worker/cpu_seeded_chunks.py); the plain vLLM baseline runs as its docs recommend, so
 both are warmed alike to keep the comparison fair.
 
 How each response is judged (`judge`):
@@ -92,9 +92,9 @@ import jsonschema
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.frontdoor import start_plain_vllm, stop_group  # noqa: E402
 from benchmarks.tool_schemas import TOOL_SUITE, measure_compile_times, tools_for_request  # noqa: E402
-from rollout_server.tiny_model import ensure_tiny_model  # noqa: E402
+from rollout_server.harness.stack import CACHE_DIR, free_port_block, start_stack  # noqa: E402
+from rollout_server.tiny_model.builder import ensure_tiny_model  # noqa: E402
 from rollout_server.tool_calls.structural_tag import without_string_length_bounds  # noqa: E402
-from tests.stack_harness import CACHE_DIR, free_port_block, start_stack  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "tool_calls.json"
 MODEL = "tiny-qwen2"

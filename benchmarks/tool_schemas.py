@@ -289,7 +289,7 @@ def main() -> None:
     parser.add_argument("tokenizer_dir", nargs="?", help="a Hugging Face tokenizer directory (default: the tiny model)")
     tokenizer_dir = parser.parse_args().tokenizer_dir
     if tokenizer_dir is None:
-        from rollout_server.tiny_model import ensure_tiny_model
+        from rollout_server.tiny_model.builder import ensure_tiny_model
 
         tokenizer_dir = ensure_tiny_model()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

@@ -24,20 +24,19 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
-
-import sys
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trace_pipeline.capture import TraceCapture
-from trace_pipeline.config import TraceSettings
 from trace_pipeline.export import export
 from trace_pipeline.records import TraceRecord
+from trace_pipeline.settings import TraceSettings
 
 PROMPT_TOKENS, COMPLETION_TOKENS = 1536, 512
 WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex".split()
@@ -116,7 +115,7 @@ def measure_capture_ratio(tmp: Path, rounds: int = 12, requests: int = 32, concu
     `rounds` rounds whose order rotates (this machine's speed drifts between loads more than the variants
     differ); each ratio is the median of its per-round ratios over "off"."""
     from benchmarks.frontdoor import run_load
-    from tests.stack_harness import start_stack
+    from rollout_server.harness.stack import start_stack
 
     stacks = {variant: start_stack(tmp / f"capture-{variant}", workers=1, extra_env=env)
               for variant, env in CAPTURE_VARIANTS.items()}

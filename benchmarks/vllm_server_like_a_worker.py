@@ -1,4 +1,4 @@
-"""vLLM's own OpenAI server, its processes placed as in a rollout-serve stack on CPU (engine/cpu_placement.py):
+"""vLLM's own OpenAI server, its processes placed as in a rollout-serve stack on CPU (engine/supervisor/cpu_placement.py):
 the model runner inside the engine core, pinned to VLLM_CPU_OMP_THREADS_BIND's cores, and the API server on
 the other cores. The front door benchmark's baseline: the same engine, without our layers in front.
 
@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from engine import cpu_placement  # noqa: E402
+from engine.supervisor import cpu_placement  # noqa: E402
+from engine.worker import engine_core_placement  # noqa: E402
 
-cpu_placement.run_model_runner_in_engine_core()  # at import: the spawned engine core imports this file too
+engine_core_placement.run_model_runner_in_engine_core()  # at import: the spawned engine core imports this file too
 
 if __name__ == "__main__":
     from vllm.utils.cpu_resource_utils import parse_id_list

@@ -3,7 +3,7 @@
 vLLM takes this per request (`SamplingParams.stream_interval`; the first token always goes alone),
 but Dynamo 1.6.1's frontend has no field that carries it to the worker. It does forward `nvext`
 annotations (opaque strings) to the worker, so the front door writes the interval as one, and our
-worker (engine/dynamo_worker.py) sets it on the request's sampling parameters.
+worker (engine/worker/dynamo_worker.py) sets it on the request's sampling parameters.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 import httpx
 from transformers import AutoTokenizer
 
-from rollout_server.tiny_model import ensure_tiny_model
+from rollout_server.tiny_model.builder import ensure_tiny_model
 
 tokenizer = AutoTokenizer.from_pretrained(ensure_tiny_model())
 prompt = tokenizer.apply_chat_template([{"role": "user", "content": "solve the task"}], add_generation_prompt=True,

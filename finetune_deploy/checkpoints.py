@@ -15,9 +15,17 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_deploy.checkpoint_files import (CheckpointError, TensorInfo, Weights, content_fingerprint, load_json,
-                                              read_weights, require_declared_complete, tokenizer_files,
-                                              verified_manifest_digests)
+from finetune_deploy.checkpoint_files import (
+    CheckpointError,
+    TensorInfo,
+    Weights,
+    content_fingerprint,
+    load_json,
+    read_weights,
+    require_declared_complete,
+    tokenizer_files,
+    verified_manifest_digests,
+)
 from finetune_deploy.lora_adapters import ADAPTER_CONFIG, check_adapter
 
 __all__ = ["CheckpointError", "ValidatedCheckpoint", "detect_kind", "validate_checkpoint", "fingerprint_base_model"]

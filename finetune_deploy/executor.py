@@ -1,7 +1,7 @@
 """The deployer: moves a pool's workers to a registered version, live.
 
 The registry says what (versions and their status), the rollout plan says in
-which order, Dynamo's vLLM workers do the work (`engine/worker_control.py`), and
+which order, Dynamo's vLLM workers do the work (`engine/supervisor/worker_control.py`), and
 the front door's model table learns which worker runs which version as it
 happens, so every response is stamped with the version that produced it.
 
@@ -26,12 +26,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from engine.worker_control import WorkerControl, WorkerControlError, WorkerHandle
-from finetune_deploy.api_models import WeightUpdate
-from finetune_deploy.registry import CheckpointRegistry, PolicyVersion
+from engine.ids import PolicyVersion
+from engine.supervisor.worker_control import WorkerControl, WorkerControlError, WorkerHandle
+from finetune_deploy.registry import CheckpointRegistry, RegisteredVersion
 from finetune_deploy.rollout_plan import Mode, Step, plan_rollout
+from finetune_deploy.served_models import ModelTable
 from finetune_deploy.settings import DeploySettings
-from rollout_server.served_models import ModelTable
+from finetune_deploy.weight_update import WeightUpdate
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class DeployBusy(RuntimeError):
 
 
 class LoraDisabled(RuntimeError):
-    """A LoRA adapter for workers started without LoRA support (settings.enable_lora)."""
+    """A LoRA adapter for workers started without LoRA support (--enable-lora)."""
 
 
 @dataclass
@@ -161,14 +162,14 @@ class Deployer:
 
     async def load_serving_adapters(self, workers: list[WorkerHandle]) -> None:
         """Gives workers started after the deploys (restarted or scaled up: they start on the served weights,
-        engine/pools.py) the adapters served beside those weights."""
+        engine/supervisor/pools.py) the adapters served beside those weights."""
         for adapter in await self._serving_adapters():
             for worker in workers:
                 await WorkerControl(worker).load_lora(adapter.name, Path(adapter.path))
             log.info("pool %s: adapter %s version %d loaded on %s", self.pool, adapter.name, adapter.version,
                      ", ".join(w.name for w in workers))
 
-    async def _serving_adapters(self) -> list[PolicyVersion]:
+    async def _serving_adapters(self) -> list[RegisteredVersion]:
         adapters = await asyncio.to_thread(self.registry.serving_adapters, self.pool)
         if adapters and not self.lora_enabled:
             log.warning("pool %s: adapters %s are registered as serving, but the workers run without LoRA "
@@ -177,7 +178,7 @@ class Deployer:
             return []
         return adapters
 
-    def _register(self, update: WeightUpdate) -> PolicyVersion:
+    def _register(self, update: WeightUpdate) -> RegisteredVersion:
         """Validates and numbers a checkpoint (CheckpointError / RegistryError / LoraDisabled when refused);
         touches no worker. Only under the deploy lock (`register_and_deploy`): a second deploy must not register."""
         if update.kind == "lora" and not self.lora_enabled:
@@ -195,7 +196,7 @@ class Deployer:
         async with self._lock:
             yield
 
-    async def _deploy(self, version: PolicyVersion, mode: Mode | None, action: str,
+    async def _deploy(self, version: RegisteredVersion, mode: Mode | None, action: str,
                       in_flight: str | None) -> DeployProgress:
         """Moves the pool to a registered (or, for a rollback, re-activated) version; the caller holds the lock."""
         self._in_flight = in_flight or self.settings.in_flight
@@ -212,7 +213,7 @@ class Deployer:
 
     # ---- full weights --------------------------------------------------------------------------
 
-    async def _roll(self, version: PolicyVersion, workers: list[WorkerHandle], steps: list[Step],
+    async def _roll(self, version: RegisteredVersion, workers: list[WorkerHandle], steps: list[Step],
                     progress: DeployProgress) -> None:
         by_name = {w.name: w for w in workers}
         old = await asyncio.to_thread(self.registry.current, self.pool)
@@ -227,18 +228,18 @@ class Deployer:
             raise DeployError(f"{exc}; the pool still serves version {old.version}") from exc
         self.models.base_switched(version.version, version.path)
 
-    async def _run_step(self, step: Step, worker: WorkerHandle, version: PolicyVersion, paused: set[str],
+    async def _run_step(self, step: Step, worker: WorkerHandle, version: RegisteredVersion, paused: set[str],
                         switched: set[str]) -> None:
         control = WorkerControl(worker)
         if step.action == "pause":
-            if self._pause_mode() == "abort" and worker.instance_id:
+            if self._pause_mode() == "abort" and worker.instance_id is not None:
                 self.models.worker_aborting(worker.instance_id)
             await control.pause(self._pause_mode())
             paused.add(worker.name)
         elif step.action == "update_weights":
             switched.add(worker.name)  # before the call: a half-done reload must be undone too
             await control.load_weights(Path(version.path), version.version)
-            if worker.instance_id:
+            if worker.instance_id is not None:
                 self.models.worker_switched(worker.instance_id, version.version)
         elif step.action == "reset_kv":
             await self._reset_tiers(worker, step.tiers, version.version)
@@ -246,7 +247,7 @@ class Deployer:
             await control.resume()
             paused.discard(worker.name)
 
-    async def _put_back(self, old: PolicyVersion, switched: list[WorkerHandle], paused: list[WorkerHandle]) -> None:
+    async def _put_back(self, old: RegisteredVersion, switched: list[WorkerHandle], paused: list[WorkerHandle]) -> None:
         """Best effort: old weights on every switched worker, then every paused worker resumes."""
         for worker in switched:
             control = WorkerControl(worker)
@@ -256,7 +257,7 @@ class Deployer:
                     paused.append(worker)
                 await control.load_weights(Path(old.path), old.version)
                 await self._reset_tiers(worker, self._tiers(), old.version)
-                if worker.instance_id:
+                if worker.instance_id is not None:
                     self.models.worker_switched(worker.instance_id, old.version)
             except WorkerControlError:
                 log.exception("%s: could not go back to version %d", worker.name, old.version)
@@ -266,18 +267,18 @@ class Deployer:
             except WorkerControlError:
                 log.exception("%s: could not resume", worker.name)
 
-    async def _apply_everywhere(self, version: PolicyVersion) -> None:
+    async def _apply_everywhere(self, version: RegisteredVersion) -> None:
         workers = await self.list_workers()
         steps = self._plan(workers, "all_at_once", version)
         await self._roll(version, workers, steps, await self._start(version, "restore", "all_at_once", len(steps)))
 
-    def _plan(self, workers: list[WorkerHandle], mode: Mode, version: PolicyVersion) -> list[Step]:
+    def _plan(self, workers: list[WorkerHandle], mode: Mode, version: RegisteredVersion) -> list[Step]:
         if not workers:  # a pool scaled to zero: the workers it starts later load the version it serves
             return []
         return plan_rollout([w.name for w in workers], mode, version.version, version.path, "full",
                             kv_tiers=self._tiers())
 
-    async def _reset_tiers(self, worker: WorkerHandle, tiers: tuple[str, ...], version: int) -> None:
+    async def _reset_tiers(self, worker: WorkerHandle, tiers: tuple[str, ...], version: PolicyVersion) -> None:
         if "device" in tiers:
             await WorkerControl(worker).flush_cache()
         if "host" in tiers and self.reset_host_tier is not None:
@@ -292,7 +293,7 @@ class Deployer:
 
     # ---- LoRA adapters -------------------------------------------------------------------------
 
-    async def _load_adapter(self, version: PolicyVersion, workers: list[WorkerHandle],
+    async def _load_adapter(self, version: RegisteredVersion, workers: list[WorkerHandle],
                             progress: DeployProgress) -> None:
         new_name = version.name not in self.models.adapters
         loaded: list[WorkerHandle] = []
@@ -309,7 +310,7 @@ class Deployer:
 
     # ---- bookkeeping ---------------------------------------------------------------------------
 
-    async def _start(self, version: PolicyVersion, action: str, mode: str, steps_total: int) -> DeployProgress:
+    async def _start(self, version: RegisteredVersion, action: str, mode: str, steps_total: int) -> DeployProgress:
         progress = DeployProgress(self.pool, version.version, version.kind, version.name, action, mode,
                                   steps_total=steps_total)
         self.history.append(progress)
@@ -336,7 +337,7 @@ class Deployer:
         return progress
 
 
-def _tell(registered: asyncio.Future | None, version: PolicyVersion) -> None:
+def _tell(registered: asyncio.Future | None, version: RegisteredVersion) -> None:
     if registered is not None and not registered.done():
         registered.set_result(version)
 

@@ -13,8 +13,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from finetune_deploy.checkpoint_files import (ADAPTER_WEIGHTS, CheckpointError, TensorInfo, Weights, load_json,
-                                              read_weights)
+from finetune_deploy.checkpoint_files import (
+    ADAPTER_WEIGHTS,
+    CheckpointError,
+    TensorInfo,
+    Weights,
+    load_json,
+    read_weights,
+)
 
 ADAPTER_CONFIG = "adapter_config.json"
 FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}

@@ -27,9 +27,9 @@ from sqlalchemy import Column, Float, Integer, MetaData, String, Table, Text, fu
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
+from engine.ids import BASE_VERSION, PolicyVersion
 from finetune_deploy.checkpoints import fingerprint_base_model, validate_checkpoint
 
-BASE_VERSION = 0
 STATUSES = ("registered", "deploying", "serving", "retired", "failed")
 # "serving" has no way out here: only another version's finished deploy retires it.
 ALLOWED_TRANSITIONS = {
@@ -72,9 +72,11 @@ class RegistryError(Exception):
 
 
 @dataclass(frozen=True)
-class PolicyVersion:
+class RegisteredVersion:
+    """One checkpoint of a pool, as the registry holds it."""
+
     pool: str
-    version: int
+    version: PolicyVersion
     name: str
     kind: str  # "full" | "lora"
     path: str
@@ -102,7 +104,7 @@ class CheckpointRegistry:
         self.engine = engine
         _metadata.create_all(engine)
 
-    def register_base(self, pool: str, path: Path | str, name: str) -> PolicyVersion:
+    def register_base(self, pool: str, path: Path | str, name: str) -> RegisteredVersion:
         """Records the pool's base model as version 0, serving; a second call with the same path is a no-op."""
         path = str(Path(path).resolve())
         existing = self._find(pool, BASE_VERSION)
@@ -123,7 +125,7 @@ class CheckpointRegistry:
         return self.get(pool, BASE_VERSION)
 
     def register(self, pool: str, path: Path | str, name: str | None = None, kind: str | None = None,
-                 version: int | None = None, parent_version: int | None = None, message: str = "") -> PolicyVersion:
+                 version: int | None = None, parent_version: int | None = None, message: str = "") -> RegisteredVersion:
         """Validates the checkpoint against the pool's base (CheckpointError if unfit), then records it.
 
         `version` lets an RL trainer use its own step numbers; it must exceed every version the pool ever had.
@@ -144,7 +146,7 @@ class CheckpointRegistry:
                     raise RegistryError(f"version {version} already exists in pool {pool!r}") from None
         raise RegistryError(f"could not allocate a version in pool {pool!r}: too many concurrent registrations")
 
-    def _insert_version(self, row: dict, requested: int | None, message: str) -> PolicyVersion:
+    def _insert_version(self, row: dict, requested: int | None, message: str) -> RegisteredVersion:
         now = time.time()
         with self.engine.begin() as conn:
             highest = conn.execute(select(func.max(policy_versions.c.version))
@@ -157,13 +159,13 @@ class CheckpointRegistry:
             _add_event(conn, row["pool"], version, "registered", message)
         return self.get(row["pool"], version)
 
-    def mark_status(self, pool: str, version: int, status: str, message: str = "") -> PolicyVersion:
+    def mark_status(self, pool: str, version: int, status: str, message: str = "") -> RegisteredVersion:
         """Moves a version along its lifecycle; `serving` retires the version that served before."""
         with self.engine.begin() as conn:
             _transition(conn, pool, version, status, message)
         return self.get(pool, version)
 
-    def rollback(self, pool: str, message: str = "", to_version: int | None = None) -> PolicyVersion:
+    def rollback(self, pool: str, message: str = "", to_version: int | None = None) -> RegisteredVersion:
         """Starts re-activating an older version (default: `previous(pool)`); it is returned, deploying.
 
         The caller then runs the rollout plan with its path and marks it serving (or failed).
@@ -185,16 +187,16 @@ class CheckpointRegistry:
                        f"rolled back to version {target.version}" + (f": {message}" if message else ""))
         return self.get(pool, target.version)
 
-    def current(self, pool: str) -> PolicyVersion | None:
+    def current(self, pool: str) -> RegisteredVersion | None:
         """The full-weights version serving the pool, None for an unknown pool."""
         serving = [v for v in self._serving(pool) if v.kind == "full"]
         return serving[0] if serving else None
 
-    def serving_adapters(self, pool: str) -> list[PolicyVersion]:
+    def serving_adapters(self, pool: str) -> list[RegisteredVersion]:
         """The LoRA versions loaded beside the pool's weights, one per adapter name."""
         return [v for v in self._serving(pool) if v.kind == "lora"]
 
-    def unload_adapter(self, pool: str, name: str, message: str = "") -> PolicyVersion:
+    def unload_adapter(self, pool: str, name: str, message: str = "") -> RegisteredVersion:
         """Retires the serving version of adapter `name` (its workers unloaded it)."""
         adapter = next((v for v in self.serving_adapters(pool) if v.name == name), None)
         if adapter is None:
@@ -204,14 +206,14 @@ class CheckpointRegistry:
             _add_event(conn, pool, adapter.version, "retired", message or "adapter unloaded")
         return self.get(pool, adapter.version)
 
-    def _serving(self, pool: str) -> list[PolicyVersion]:
+    def _serving(self, pool: str) -> list[RegisteredVersion]:
         with self.engine.connect() as conn:
             rows = conn.execute(select(policy_versions).where(policy_versions.c.pool == pool,
                                                               policy_versions.c.status == "serving")
                                 .order_by(policy_versions.c.version))
             return [_version(row) for row in rows]
 
-    def previous(self, pool: str) -> PolicyVersion | None:
+    def previous(self, pool: str) -> RegisteredVersion | None:
         """The version that served before the current one and was not rolled back from: the rollback target."""
         current = self.current(pool)
         history = self._activation_history(pool)
@@ -230,13 +232,13 @@ class CheckpointRegistry:
                 _remove_last(stack, event.version)
         return stack
 
-    def get(self, pool: str, version: int) -> PolicyVersion:
+    def get(self, pool: str, version: int) -> RegisteredVersion:
         found = self._find(pool, version)
         if found is None:
             raise RegistryError(f"pool {pool!r} has no version {version}")
         return found
 
-    def list(self, pool: str | None = None) -> list[PolicyVersion]:
+    def list(self, pool: str | None = None) -> list[RegisteredVersion]:
         query = select(policy_versions).order_by(policy_versions.c.pool, policy_versions.c.version)
         if pool is not None:
             query = query.where(policy_versions.c.pool == pool)
@@ -250,11 +252,11 @@ class CheckpointRegistry:
         with self.engine.connect() as conn:
             return [DeploymentEvent(**row._mapping) for row in conn.execute(query)]
 
-    def _find(self, pool: str, version: int) -> PolicyVersion | None:
+    def _find(self, pool: str, version: int) -> RegisteredVersion | None:
         with self.engine.connect() as conn:
             return _find(conn, pool, version)
 
-    def _require_current(self, pool: str) -> PolicyVersion:
+    def _require_current(self, pool: str) -> RegisteredVersion:
         current = self.current(pool)
         if current is None:
             raise RegistryError(f"pool {pool!r} has no serving version: register_base it first")
@@ -266,11 +268,11 @@ def _remove_last(stack: list[int], version: int) -> None:
     del stack[last]
 
 
-def _version(row) -> PolicyVersion:
-    return PolicyVersion(**row._mapping)
+def _version(row) -> RegisteredVersion:
+    return RegisteredVersion(**row._mapping)
 
 
-def _find(conn: Connection, pool: str, version: int) -> PolicyVersion | None:
+def _find(conn: Connection, pool: str, version: int) -> RegisteredVersion | None:
     row = conn.execute(select(policy_versions).where(policy_versions.c.pool == pool,
                                                      policy_versions.c.version == version)).first()
     return _version(row) if row is not None else None
@@ -293,7 +295,7 @@ def _transition(conn: Connection, pool: str, version: int, status: str, message:
     _add_event(conn, pool, version, EVENT_OF_STATUS[status], message)
 
 
-def _retire_serving(conn: Connection, replacement: PolicyVersion, now: float) -> None:
+def _retire_serving(conn: Connection, replacement: RegisteredVersion, now: float) -> None:
     """Retires what `replacement` replaces: the serving full weights, or the serving version of the same adapter."""
     same_track = [policy_versions.c.pool == replacement.pool, policy_versions.c.status == "serving",
                   policy_versions.c.kind == replacement.kind]

@@ -1,10 +1,10 @@
 """The front door: rollout-serve's ASGI application.
 
-Clients speak OpenAI (and vLLM's token-in/token-out route) to this app; it
-authenticates, tokenizes, sends token ids to Dynamo's frontend, and answers with
-exact token ids, the serving worker and the policy version. The generation routes
-are served in front of FastAPI (rollout_server/generation_routes.py); FastAPI
-serves the rest (models, health, metrics, usage, rewards, deploys, batches).
+Clients speak OpenAI (and vLLM's token-in/token-out route) to this app; it authenticates, tokenizes, sends
+token ids to the engine, and answers with exact token ids, the serving worker and the policy version. The
+generation routes are served in front of FastAPI (rollout_server/generation_routes.py); FastAPI serves the
+rest (models, health, metrics, tokenize), and the routers of rollout_server/routes/ (usage, rewards,
+deploys, batches).
 """
 
 from __future__ import annotations
@@ -19,18 +19,25 @@ from dataclasses import dataclass
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from engine.ids import DEFAULT_POOL
+from engine.supervisor.health import StackHealth
+from engine.supervisor.pools import PoolSet
+from finetune_deploy.executor import Deployer
 from rollout_server.auth import Authenticator, Principal
-from rollout_server.batch_api import batches_router
 from rollout_server.batch_runner import BatchRunner
 from rollout_server.errors import APIError, install_error_handlers, model_not_found
-from engine.pool_config import DEFAULT_POOL
-from rollout_server.generation import ServingContext
 from rollout_server.fast_json import msgspec_route
 from rollout_server.generation_routes import GENERATION_ROUTES, GenerationRoutes, validated
 from rollout_server.pool_access import reachable_pools
 from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
+from rollout_server.routes.batches import batches_router
+from rollout_server.routes.deployments import deploy_router
+from rollout_server.routes.rewards import rewards_router
+from rollout_server.routes.usage import usage_router
+from rollout_server.serving.context import ServingContext
 from rollout_server.tokenization import detokenize, tokenize
-from rollout_server.usage import UsageRecorder, usage_router
+from rollout_server.tracing import TraceHook
+from rollout_server.usage import UsageRecorder
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +46,12 @@ log = logging.getLogger(__name__)
 class AppState:
     ctx: ServingContext
     auth: Authenticator
-    stack: object | None = None   # engine.stack.Stack when this process started the stack
-    traces: object | None = None  # rollout_server.tracing.TraceHook when trace capture is on
+    health: StackHealth | None = None  # of the stack this process started (None: tests without one)
+    traces: TraceHook | None = None    # when trace capture is on
     usage: UsageRecorder | None = None
     batches: BatchRunner | None = None
-    deployer: object | None = None  # finetune_deploy.executor.Deployer when the stack's workers can be deployed to
-    pools: object | None = None     # engine.pools.PoolSet: the default pool and the declared ones
+    deployer: Deployer | None = None   # when the stack's workers can be deployed to
+    pools: PoolSet | None = None       # the default pool and the declared ones
     started_at: float = 0.0
 
 
@@ -89,7 +96,7 @@ def create_app(state: AppState) -> GenerationRoutes:
             await asyncio.to_thread(state.usage.close)
 
     app = FastAPI(title="rollout-serve", version="0.1.0", lifespan=lifespan)
-    max_body_bytes = int(state.ctx.settings.max_request_body_mib * 2**20)
+    max_body_bytes = int(state.ctx.settings.server.max_request_body_mib * 2**20)
     app.router.route_class = msgspec_route(max_body_bytes)
     app.state.rollout = state
     install_error_handlers(app)
@@ -101,8 +108,6 @@ def create_app(state: AppState) -> GenerationRoutes:
         return await state.auth.authenticate(request.headers.get("authorization"))
 
     if state.traces is not None:
-        from trace_pipeline.api import rewards_router
-
         async def team_of(request: Request) -> str:
             return (await caller(request)).team
 
@@ -110,8 +115,6 @@ def create_app(state: AppState) -> GenerationRoutes:
     if state.usage is not None:
         app.include_router(usage_router(state.usage.store, caller))
     if state.deployer is not None:
-        from finetune_deploy.api import deploy_router
-
         app.include_router(deploy_router(state.deployer, caller))
     if state.batches is not None:
         app.include_router(batches_router(state.batches.store, caller, runner=state.batches,
@@ -165,6 +168,8 @@ def create_app(state: AppState) -> GenerationRoutes:
         rows = await _worker_rows(state)
         for row in rows or []:
             row["policy_version"] = ctx.models.version_of_worker(row.get("instance_id"))
+            if row.get("instance_id") is not None:
+                row["instance_id"] = str(row["instance_id"])  # worker ids leave the process as decimal text
         return {"model": ctx.model_name, "policy_version": ctx.models.base.policy_version, "workers": rows or [],
                 "adapters": {name: m.policy_version for name, m in ctx.models.adapters.items()},
                 "requests_in_flight": ctx.metrics.requests_in_flight(),
@@ -184,6 +189,6 @@ def create_app(state: AppState) -> GenerationRoutes:
 
 
 async def _worker_rows(state: AppState) -> list[dict] | None:
-    if state.stack is None:
+    if state.health is None:
         return None
-    return await asyncio.to_thread(state.stack.worker_status)
+    return await asyncio.to_thread(state.health.worker_status)

@@ -32,8 +32,25 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sqlalchemy import (BigInteger, Column, Float, Index, Integer, MetaData, String, Table, Text, and_, case,
-                        create_engine, event, func, or_, select, update)
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    and_,
+    case,
+    create_engine,
+    event,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection, Engine
 
 from rollout_server.batch_input import BATCH_ENDPOINTS, BatchInputError, InputLine, LineError, parse_input_file

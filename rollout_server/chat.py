@@ -14,17 +14,21 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from engine.frontend_client import ChoiceDelta, EngineChunk, EngineRequest
+from engine.contract import ChoiceDelta, EngineChunk, EngineRequest, GuidedDecoding
+from engine.ids import new_request_id
+from engine.sessions import session_id_for
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request
 from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
-from rollout_server.generation import (
-    ChoiceResult, Generation, ServingContext, check_prompt, check_prompt_chars, new_request_id, running_usage_of,
-    sampling_for, session_id_for, sse, stream_interval_for, streamed_answer,
-)
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest, TokenizeRequest
+from rollout_server.serving.context import ServingContext
+from rollout_server.serving.finished import ChoiceResult
+from rollout_server.serving.generation import Generation
+from rollout_server.serving.prompt_checks import check_prompt, check_prompt_chars
+from rollout_server.serving.sampling import sampling_for, stream_interval_for
+from rollout_server.serving.streamed_answer import running_usage_of, sse, streamed_answer
 from rollout_server.session_prompts import team_session
 from rollout_server.structured import grammar_for_structural_tag, guided_for
 from rollout_server.tokenizer import tokenize_off_the_loop
@@ -37,7 +41,7 @@ class ToolPlan:
 
     fmt: ToolCallFormat
     tools: list[dict]
-    guided: dict
+    guided: GuidedDecoding | None
 
     def message_for(self, choice: ChoiceResult) -> tuple[dict, str | None]:
         parsed = self.fmt.parse(choice.text, self.tools)
@@ -96,7 +100,7 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
     if choice == "none":
         return None  # tools stay in the prompt; nothing is enforced or parsed
     tag = fragment.get("structured_outputs", {}).get("structural_tag")
-    guided = {"guided_grammar": await asyncio.to_thread(grammar_for_structural_tag, tag)} if tag else {}
+    guided = GuidedDecoding("grammar", await asyncio.to_thread(grammar_for_structural_tag, tag)) if tag else None
     return ToolPlan(ctx.tool_format, req.tools, guided)
 
 
@@ -141,7 +145,7 @@ async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, 
         model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
         max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.top_logprobs or 0,
         logprobs=req.logprobs or ctx.settings.traces.keeps_logprobs,
-        guided=guided, session_id=session_id, prompt_param="messages", cache_salt=req.cache_salt,
+        guided=guided, session_id=session_id, cache_salt=req.cache_salt,
         stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval),
     )
 
@@ -157,13 +161,13 @@ def _finish_choice(tool_plan: ToolPlan | None):
 
 
 async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, session_header: str | None, who: Principal):
-    ctx.route(req.model, who)
+    ctx.target(req.model, who)
     session_id = session_id_for(session_header, req.session_id, req.user)
     tool_plan = await plan_tools(ctx, req)
     named_session = team_session(who.team, session_header or req.session_id or req.user)
     engine_request = await build_engine_request(ctx, req, session_id, tool_plan, named_session)
     generation = Generation(ctx, engine_request, who=who, endpoint="chat.completions",
-                            request_body=req.model_dump(exclude_none=True),
+                            request_body=req.model_dump(exclude_none=True), prompt_param="messages",
                             on_choice_finished=None if req.stream else _finish_choice(tool_plan))
     await generation.start()
     if req.stream:
@@ -173,7 +177,7 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
         "id": engine_request.request_id, "object": "chat.completion", "created": int(generation.created_at),
         "model": req.model, "choices": [_choice_json(ctx, req, c) for c in choices],
         "usage": generation.usage_dict(), "policy_version": generation.policy_version,
-        "session_id": session_id, "worker_id": generation.worker_id,
+        "session_id": session_id, "worker_id": generation.worker_text,
     }
     if req.return_token_ids:
         body["prompt_token_ids"] = engine_request.prompt_token_ids

@@ -1,21 +1,25 @@
-"""POST /v1/completions (text or token-id prompts) and POST /inference/v1/generate (token in, token out)."""
+"""POST /v1/completions: text or token-id prompts, one or several."""
 
 from __future__ import annotations
 
 import time
 from typing import AsyncIterator
 
-from engine.frontend_client import EngineChunk, EngineRequest
+from engine.contract import EngineChunk, EngineRequest
+from engine.ids import new_request_id
+from engine.sessions import session_id_for
 from rollout_server.auth import Principal
 from rollout_server.errors import bad_request
 from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
-from rollout_server.generation import (
-    ChoiceResult, Generation, ServingContext, check_prompt, check_prompt_chars, gather_generations, new_request_id,
-    running_usage_of, sampling_for, session_id_for, sse, start_all, stream_interval_for, streamed_answer,
-)
-from rollout_server.logprobs import completion_logprobs, generate_logprobs
-from rollout_server.protocol import CompletionRequest, GenerateRequest
+from rollout_server.logprobs import completion_logprobs
+from rollout_server.protocol import CompletionRequest
+from rollout_server.serving.context import ServingContext
+from rollout_server.serving.finished import ChoiceResult
+from rollout_server.serving.generation import Generation, gather_generations, start_all
+from rollout_server.serving.prompt_checks import check_prompt, check_prompt_chars
+from rollout_server.serving.sampling import sampling_for, stream_interval_for
+from rollout_server.serving.streamed_answer import running_usage_of, sse, streamed_answer
 from rollout_server.structured import guided_for
 from rollout_server.tokenizer import tokenize_off_the_loop
 
@@ -36,7 +40,7 @@ async def _prompts_as_ids(ctx: ServingContext, prompt, add_special_tokens: bool 
 
 
 async def completions(ctx: ServingContext, req: CompletionRequest, session_header: str | None, who: Principal):
-    ctx.route(req.model, who)
+    ctx.target(req.model, who)
     if req.suffix is not None:
         raise bad_request("suffix is not supported by this model", param="suffix")
     if req.echo and req.logprobs is not None:
@@ -58,7 +62,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
             prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.logprobs or 0,
             logprobs=req.logprobs is not None or ctx.settings.traces.keeps_logprobs,
             guided=guided, session_id=session_id, cache_salt=req.cache_salt,
-            prompt_param="prompt", stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval))
+            stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval))
         generations.append(Generation(ctx, engine_request, who=who, endpoint="completions",
                                       request_body=req.model_dump(exclude_none=True)))
     await start_all(generations)
@@ -78,7 +82,7 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
         usage["prompt_tokens_details"]["cached_tokens"] += u["prompt_tokens_details"]["cached_tokens"]
     body = {"id": request_id, "object": "text_completion", "created": int(first.created_at), "model": req.model,
             "choices": choices, "usage": usage, "policy_version": first.policy_version,
-            "session_id": session_id, "worker_id": first.worker_id}
+            "session_id": session_id, "worker_id": first.worker_text}
     return MsgspecJSONResponse(body, headers=first.response_headers())
 
 
@@ -116,32 +120,3 @@ def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation)
         return events
 
     return streamed_answer(generation, base, req.stream_options, events_of)
-
-
-async def generate(ctx: ServingContext, req: GenerateRequest, session_header: str | None, who: Principal):
-    """vLLM's token-in/token-out route, in the shape verifiers' train mode reads."""
-    ctx.route(req.model, who)
-    if req.stream:
-        raise bad_request("streaming is not supported on /inference/v1/generate", param="stream")
-    params = req.sampling_params
-    max_tokens = check_prompt(ctx, req.token_ids, params.max_tokens, "token_ids", "sampling_params.max_tokens")
-    engine_request = EngineRequest(
-        model=req.model, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
-        max_tokens=max_tokens, sampling=sampling_for(ctx, params, max_tokens, "sampling_params."), top_logprobs=params.logprobs or 0,
-        guided=guided_for(None, params.structured_outputs, "sampling_params."), cache_salt=params.cache_salt,
-        session_id=session_id_for(session_header, None, params.user), prompt_param="token_ids",
-        stream_interval=stream_interval_for(ctx, streamed=False))
-    generation = Generation(ctx, engine_request, who=who, endpoint="generate", request_body=req.model_dump(exclude_none=True))
-    await generation.start()
-    choices = await generation.run_to_end()
-    body = {
-        "request_id": engine_request.request_id, "model": req.model, "policy_version": generation.policy_version,
-        "prompt_token_ids": engine_request.prompt_token_ids,
-        "choices": [{
-            "index": c.index, "token_ids": c.token_ids, "text": c.text, "finish_reason": c.finish_reason,
-            "logprobs": generate_logprobs(c.tokens, params.logprobs or 0),
-            "weight_versions": [{"version": generation.policy_version, "start": 0, "end": len(c.tokens)}],
-        } for c in choices],
-        "usage": generation.usage_dict(), "worker_id": generation.worker_id,
-    }
-    return MsgspecJSONResponse(body, headers=generation.response_headers())

@@ -14,6 +14,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from engine.contract import EngineRequest
+from engine.errors import ContextLengthExceeded, EngineError, EngineTimeout, EngineUnavailable, RequestRejected
+
 log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -46,6 +49,23 @@ def model_not_found(model_id: str) -> APIError:
 
 def unavailable(message: str) -> APIError:
     return APIError(503, message, code="service_unavailable", headers={"Retry-After": "1"})
+
+
+def from_engine(error: EngineError, request: EngineRequest, prompt_param: str) -> APIError:
+    """What the client sees of an engine error (engine/errors.py). `prompt_param`: the client's field that held
+    the prompt."""
+    if isinstance(error, ContextLengthExceeded):
+        return bad_request(
+            f"This model's maximum context length is {error.limit} tokens. However, you requested "
+            f"{error.requested} tokens ({len(request.prompt_token_ids)} in the prompt, "
+            f"{request.max_tokens} for the completion).", param=prompt_param, code="context_length_exceeded")
+    if isinstance(error, RequestRejected):
+        return APIError(error.status, error.message)
+    if isinstance(error, EngineTimeout):
+        return APIError(504, error.message)
+    if isinstance(error, EngineUnavailable):
+        return unavailable(error.message)
+    return unavailable(f"the engine could not serve the request: {error.message}")
 
 
 def not_a_json_object() -> APIError:

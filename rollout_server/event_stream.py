@@ -2,10 +2,10 @@
 
 Starlette's StreamingResponse watches for the client's disconnect with an anyio task group per response
 (a task for the body, another for the disconnect, cancel scopes that format a task's repr when they fire),
-about 5% of the front door's CPU per streamed request. Here the body is sent by the request's own task, and
-one small task waits for the disconnect and cancels it. Cancelling the body closes the engine stream it
-reads, which aborts the request on its worker (rollout_server/disconnect.py does the same for whole
-responses).
+work paid on every streamed request (docs/benchmarks.md, "Measurements behind design choices"). Here the
+body is sent by the request's own task, and one small task waits for the disconnect and cancels it.
+Cancelling the body closes the engine stream it reads, which aborts the request on its worker
+(rollout_server/disconnect.py does the same for whole responses).
 
 The OpenAI stream's last event, `data: [DONE]`, goes out with the end of the response in one write; the
 handlers put the answer's last chunk (and its usage) in front of it, so a stream ends in one write, not

@@ -1,13 +1,14 @@
 """JSON in and out of the front door with msgspec instead of the standard library's json.
 
-A token-in/token-out request carries its prompt as a JSON list of ids, and its response echoes them:
-140,000 ids take ~9 ms to parse with `json.loads` (~5 ms with msgspec) and ~12 ms to write with
-`json.dumps` (0.7 ms), on the front door's event loop, where that time holds every stream
-(benchmarks/long_prompt.py). Malformed bodies still raise `json.JSONDecodeError`, which FastAPI turns
-into the validation error the front door answers with a 400 naming the problem.
+A token-in/token-out request carries its prompt as a JSON list of ids, and its response echoes them.
+They are parsed and written on the front door's event loop, where that time holds every stream, and msgspec
+parses and (above all) writes a long list of ids in a fraction of the standard library's time
+(docs/benchmarks.md, "Measurements behind design choices"). Malformed bodies still raise
+`json.JSONDecodeError`, which FastAPI turns into the validation error the front door answers with a 400
+naming the problem.
 
 Bodies over the size limit are refused with a 413 before they are read to the end: a 60 MB prompt would
-otherwise be read, parsed and tokenized (a minute of a core) only to be refused as over the context.
+otherwise be read, parsed and tokenized only to be refused as over the context.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def parse_json(raw: bytes) -> Any:
 
 
 class MsgspecRequest(Request):
-    max_body_bytes: int  # set by the route (settings.max_request_body_mib)
+    max_body_bytes: int  # set by the route (settings.server.max_request_body_mib)
 
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):

@@ -1,9 +1,9 @@
 """The generation routes (chat, completions, generate) as a plain ASGI app in front of FastAPI.
 
-They carry nearly every request the front door serves, and FastAPI's machinery around a request cost 14-24%
-of the front door's CPU for a one-token one: its middleware stack, the route table, two exit stacks,
+They carry nearly every request the front door serves, and FastAPI's machinery around a request is a large
+share of the front door's CPU for a short one: its middleware stack, the route table, two exit stacks,
 dependency solving, content-type parsing, and a `send` wrapper per middleware that every streamed event
-passes through (docs/benchmarks.md, "Front door", session 33). Here a POST to one of them is read, parsed,
+passes through (docs/benchmarks.md, "Measurements behind design choices"). Here a POST to one of them is read, parsed,
 authenticated, validated and handed to its handler, whose response goes out with the server's own `send`.
 Every other request goes on to the FastAPI app, and the answers are the app's: the same order of checks
 (body, key, fields) and the same OpenAI error JSON (rollout_server/errors.py). Middleware added to the
@@ -24,14 +24,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollout_server.auth import Authenticator, Principal
 from rollout_server.chat import chat_completions
-from rollout_server.completions import completions, generate
+from rollout_server.completions import completions
 from rollout_server.disconnect import unless_disconnected
 from rollout_server.errors import (
-    APIError, bad_request, error_response, internal_error, not_a_json_object, validation_error,
+    APIError,
+    bad_request,
+    error_response,
+    internal_error,
+    not_a_json_object,
+    validation_error,
 )
 from rollout_server.fast_json import MsgspecRequest
-from rollout_server.generation import ServingContext
+from rollout_server.generate import generate
 from rollout_server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from rollout_server.serving.context import ServingContext
 
 log = logging.getLogger(__name__)
 

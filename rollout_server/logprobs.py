@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.frontend_client import SampledToken
+from engine.contract import SampledToken
 from rollout_server.tokenizer import ModelTokenizer
 
 

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.pool_config import DEFAULT_POOL, PoolConfig
+from engine.ids import DEFAULT_POOL, PoolName
+from engine.supervisor.pool_config import PoolConfig
+from finetune_deploy.served_models import ModelTable, ServedModel
 from rollout_server.auth import Principal
-from rollout_server.errors import APIError
-from rollout_server.served_models import ModelTable
+from rollout_server.errors import APIError, model_not_found
 
 
 @dataclass(frozen=True)
-class Route:
-    model: str    # the served model id, without the pool
-    pool: str
+class Target:
+    model: ServedModel  # the served model, named without the pool
+    pool: PoolName
 
 
-def route(model_field: str, who: Principal, pools: dict[str, PoolConfig], models: ModelTable) -> Route:
+def target(model_field: str, who: Principal, pools: dict[str, PoolConfig], models: ModelTable) -> Target:
     model_id, named, pool_name = model_field.partition("@")
-    models.resolve(model_id)
+    model = models.get(model_id)
+    if model is None:
+        raise model_not_found(model_id)
     if named:
         config = pools.get(pool_name)
         if config is None:
@@ -32,9 +35,9 @@ def route(model_field: str, who: Principal, pools: dict[str, PoolConfig], models
         if not config.reachable_by(who.team, who.is_admin):
             raise APIError(403, f"The pool `{pool_name}` is reserved for another team; your key cannot use it.",
                            param="model", code="pool_reserved")
-        return Route(model_id, pool_name)
+        return Target(model, PoolName(pool_name))
     owned = next((name for name, c in pools.items() if c.kind == "reserved" and c.team == who.team), None)
-    return Route(model_id, owned or DEFAULT_POOL)
+    return Target(model, PoolName(owned) if owned else DEFAULT_POOL)
 
 
 def reachable_pools(who: Principal, pools: dict[str, PoolConfig]) -> list[str]:

@@ -28,17 +28,15 @@ import math
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable
 
 from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, delete, select
 from sqlalchemy.engine import Engine
 
 from rollout_server.errors import APIError
 from rollout_server.read_cache import ReadCache
+from rollout_server.serving.finished import FinishedGeneration
 from rollout_server.settings import QuotaSettings
-
-if TYPE_CHECKING:  # only for annotations: importing generation loads transformers (seconds)
-    from rollout_server.generation import FinishedGeneration
 
 SECONDS_PER_MINUTE = 60.0
 # Float refills may land a hair below a whole amount exactly at the promised time.

@@ -11,19 +11,21 @@ from pathlib import Path
 
 import uvicorn
 
-from engine.pools import PoolSet
-from engine.routing import PoolRouter
-from engine.worker_control import WorkerHandle
+from engine.client.dispatch import Dispatcher
+from engine.ids import BASE_VERSION, DEFAULT_POOL, PolicyVersion
+from engine.supervisor.pools import PoolSet
+from engine.supervisor.stack import Stack
+from engine.supervisor.worker_control import WorkerHandle
 from finetune_deploy.executor import Deployer
-from finetune_deploy.registry import BASE_VERSION, CheckpointRegistry, RegistryError
+from finetune_deploy.registry import CheckpointRegistry, RegistryError
+from finetune_deploy.served_models import ModelTable
 from rollout_server.app import AppState, internal_execute
+from rollout_server.auth import Authenticator, KeyStore, open_database
 from rollout_server.batch_runner import BatchRunner
 from rollout_server.batches import BatchStore, open_batch_database
-from rollout_server.auth import Authenticator, KeyStore, open_database
-from rollout_server.generation import ServingContext
 from rollout_server.metrics import Metrics
 from rollout_server.quotas import KeyLimitStore, RateLimiter
-from rollout_server.served_models import ModelTable
+from rollout_server.serving.context import ServingContext
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tracing import TraceHook
@@ -35,7 +37,8 @@ log = logging.getLogger(__name__)
 
 def model_context_window(model_dir: Path, settings: Settings) -> int:
     config = json.loads((model_dir / "config.json").read_text())
-    return min(settings.max_model_len, config.get("max_position_embeddings", settings.max_model_len))
+    limit = settings.engine.max_model_len
+    return min(limit, config.get("max_position_embeddings", limit))
 
 
 def tool_format_of(tokenizer: ModelTokenizer):
@@ -53,7 +56,7 @@ def tool_format_of(tokenizer: ModelTokenizer):
 
 
 def batch_runner(settings: Settings, ctx: ServingContext) -> BatchRunner:
-    store = BatchStore(open_batch_database(settings.resolved_batch_database_url), settings.resolved_batch_dir,
+    store = BatchStore(open_batch_database(settings.batch_database_url), settings.batch_dir,
                        settings.batches.max_lines)
     runner: BatchRunner | None = None
 
@@ -67,7 +70,8 @@ def batch_runner(settings: Settings, ctx: ServingContext) -> BatchRunner:
     return runner
 
 
-def deployer_for(settings: Settings, database, model_dir: Path, model_name: str, stack, pools: PoolSet) -> Deployer:
+def deployer_for(settings: Settings, database, model_dir: Path, model_name: str, stack: Stack,
+                 pools: PoolSet) -> Deployer:
     """The pool's registry (base model = version 0) and the deployer that moves the stack's workers."""
     registry = CheckpointRegistry(database)
     try:
@@ -80,27 +84,28 @@ def deployer_for(settings: Settings, database, model_dir: Path, model_name: str,
     async def list_workers() -> list[WorkerHandle]:
         return await asyncio.to_thread(pools.worker_handles)  # every pool serves the same policy
 
-    async def key_host_tier_by(worker: WorkerHandle, version: int) -> None:
+    async def key_host_tier_by(worker: WorkerHandle, version: PolicyVersion) -> None:
         await asyncio.to_thread(stack.set_kv_tier_policy_version, version, [worker.index])
 
-    reset_host_tier = key_host_tier_by if settings.kv_tier.enabled else None
-    return Deployer(registry, models, list_workers, settings.deploy, reset_host_tier, settings.enable_lora)
+    reset_host_tier = key_host_tier_by if settings.engine.kv_tier.enabled else None
+    return Deployer(registry, models, list_workers, settings.deploy, reset_host_tier, settings.engine.lora.enable_lora)
 
 
-def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack, pools: PoolSet) -> AppState:
-    tokenizer = ModelTokenizer(model_dir, settings.session_prompt_tokens)
-    database = open_database(settings.resolved_database_url)
+def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack: Stack, pools: PoolSet) -> AppState:
+    tokenizer = ModelTokenizer(model_dir, settings.server.session_prompt_tokens)
+    database = open_database(settings.state.resolved_database_url)
     deployer = deployer_for(settings, database, model_dir, model_name, stack, pools)
     pools.current_model_dir = lambda: Path(deployer.models.base.path or model_dir)
     pools.prepare_workers = deployer.load_serving_adapters
     ctx = ServingContext(
-        settings=settings, tokenizer=tokenizer, client=PoolRouter(pools),
+        settings=settings, tokenizer=tokenizer, client=Dispatcher(pools),
         metrics=Metrics(), models=deployer.models, max_model_len=model_context_window(model_dir, settings),
         tool_format=tool_format_of(tokenizer), pools={name: p.config for name, p in pools.pools.items()},
     )
     ctx.metrics.session_prompt_tokens_reused.set_function(lambda: tokenizer.session_prompts.reused_tokens)
-    auth = Authenticator(KeyStore(database, settings.admin_key), settings.keys_recheck_s)
-    state = AppState(ctx=ctx, auth=auth, stack=stack, deployer=deployer, pools=pools)
+    auth = Authenticator(KeyStore(database, settings.server.admin_key), settings.server.keys_recheck_s)
+    state = AppState(ctx=ctx, auth=auth, health=pools.pools[DEFAULT_POOL].deployments[0].health, deployer=deployer,
+                     pools=pools)
     ctx.limiter = RateLimiter(KeyLimitStore(database, settings.quotas).limits_for)
     ctx.on_finish.append(ctx.limiter.on_finish)
     if settings.usage.enabled:
@@ -109,11 +114,11 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack,
     if settings.batches.enabled:
         state.batches = batch_runner(settings, ctx)
     if settings.traces.enabled:
-        capture = TraceCapture(settings.traces.model_copy(update={"dir": settings.resolved_trace_dir}))
+        capture = TraceCapture(settings.traces.model_copy(update={"dir": settings.trace_dir}))
         capture.start()
         state.traces = TraceHook(capture)
         ctx.on_finish.append(state.traces)
-        log.info("trace capture on: %s", settings.resolved_trace_dir)
+        log.info("trace capture on: %s", settings.trace_dir)
     return state
 
 

@@ -1,8 +1,8 @@
 """Tokenizing a returning session's prompt by what it adds.
 
-A coding agent sends its whole conversation again every turn: ~140,000 tokens to add ~6,000. Rendering
-the chat template is cheap; tokenizing the text again is not (0.14 s on these cores,
-benchmarks/long_prompt.py), and it sits in the turn's time to first token. So the front door keeps, per
+A coding agent sends its whole conversation again every turn, to add a little at its end. Rendering the
+chat template is cheap; tokenizing the whole text again is not, and it sits in the turn's time to first
+token (docs/benchmarks.md, "Measurements behind design choices"). So the front door keeps, per
 named session, the start of the last prompt it rendered and the token ids of that start; a prompt that
 begins with the same text is tokenized from there on only.
 

@@ -1,31 +1,77 @@
-"""Every option of rollout-serve, in one typed place.
+"""Every option of rollout-serve, as one typed tree: a section per package that reads it.
 
-Each field can be set on the command line (`rollout-serve up --help` lists them)
-or as an environment variable ROLLOUT_SERVE_<FIELD> (nested: ROLLOUT_SERVE_TRACES__DIR).
+    Settings
+    ├── server   ServerSettings    the front door: address, keys, request limits (this module)
+    ├── state    StateSettings     where models, logs and databases live (this module)
+    ├── engine   EngineSettings    model, workers, routing, disaggregation, pools, LoRA, KV tier (engine/settings.py)
+    ├── traces   TraceSettings     trace capture and store (trace_pipeline/settings.py)
+    ├── deploy   DeploySettings    checkpoint deploys (finetune_deploy/settings.py)
+    └── usage, quotas, batches     accounting, rate limits, the Batch API (this module)
+
+Names, the same on the command line, in the environment and as keyword arguments:
+- a field of `server`, `state`, `engine` and engine's sections other than `kv_tier` goes by its own name:
+  `--workers 2`, ROLLOUT_SERVE_WORKERS=2, Settings(workers=2);
+- a field of the other sections goes by section and name: `--traces-enabled`, ROLLOUT_SERVE_TRACES__ENABLED;
+- the full path always works in the environment: ROLLOUT_SERVE_ENGINE__WORKERS, ROLLOUT_SERVE_ENGINE__KV_TIER__ENABLED.
+Those rules are `SETTINGS_NAMES`, built from the tree: no name is listed by hand.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from engine.kv_tier.settings import KvTierSettings
+from engine.settings import EngineSettings
 from finetune_deploy.settings import DeploySettings
-from trace_pipeline.config import TraceSettings
+from trace_pipeline.settings import TraceSettings
 
-# Defaults measured by benchmarks/agentic.py (docs/benchmarks.md, "Agentic sessions").
-DISAGG_LOCAL_MAX_UNCACHED_TOKENS = 512
-DISAGG_LOCAL_MIN_CACHED_FRACTION = 0.5
-PREFILL_BUDGET_TOKENS = 8192
-# Tokens per engine message for whole responses (CPU per token with 16 vs 1: docs/benchmarks.md, "Front door").
-UNSTREAMED_INTERVAL = 16
+ENV_PREFIX = "ROLLOUT_SERVE_"
 
 
 def _home_cache() -> Path:
     return Path.home() / ".cache" / "rollout-serve"
+
+
+class ServerSettings(BaseModel):
+    host: str = Field("127.0.0.1", description="address the front door listens on")
+    port: int = Field(8000, description="port of the OpenAI-compatible front door")
+    admin_key: str | None = Field(None, description="API key with admin rights (deployments, weight updates)")
+    keys_recheck_s: float = Field(2.0, ge=0, description="how long the server trusts what it last read of a key "
+                                                      "(or of whether any key exists): keys created or revoked with "
+                                                      "`rollout-serve keys` take effect within this delay")
+    max_request_body_mib: float = Field(32.0, gt=0, description="largest JSON request body accepted (413 above it); a "
+                                        "1M-token prompt is ~4 MiB as text, ~7 MiB as token ids")
+    default_max_tokens: int | None = Field(None, description="max_tokens when a chat request sets none (None: fill "
+                                                             "the context, as vLLM)")
+    session_prompt_tokens: int = Field(
+        4_000_000, ge=0,
+        description="token ids of named sessions' chat prompts the front door keeps (with their text: ~8 bytes a "
+                    "token for ASCII text, up to ~20 otherwise), so that a returning turn tokenizes only what it "
+                    "adds; 0: every prompt is tokenized whole")
+
+
+class StateSettings(BaseModel):
+    cache_dir: Path = Field(default_factory=_home_cache, description="models and compiled artefacts")
+    state_dir: Path | None = Field(None, description="run-time state: logs, discovery files, database (default: "
+                                                     "cache_dir/state)")
+    database_url: str | None = Field(None, description="SQLAlchemy URL for keys/usage (default: SQLite in state_dir)")
+
+    @property
+    def resolved_state_dir(self) -> Path:
+        return self.state_dir or self.cache_dir / "state"
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.resolved_state_dir / 'rollout-serve.db'}"
+
+    def under_state(self, path: Path) -> Path:
+        """`path` as given when absolute, else under the state directory."""
+        return path if path.is_absolute() else self.resolved_state_dir / path
 
 
 class UsageSettings(BaseModel):
@@ -55,155 +101,126 @@ class BatchSettings(BaseModel):
     yield_sleep_s: float = Field(0.5, gt=0, description="pause while interactive load asks batches to yield")
 
 
+# Sections whose fields go by section and name (their field names repeat across sections: enabled, dir, ...).
+PREFIXED_SECTIONS = ("kv_tier", "traces", "usage", "quotas", "batches", "deploy")
+
+
+@dataclass(frozen=True)
+class SettingName:
+    """One field of the tree: its path (("engine", "workers")) and its short name ("workers", "traces_enabled")."""
+
+    path: tuple[str, ...]
+    name: str
+    field: Any  # pydantic FieldInfo
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="ROLLOUT_SERVE_", env_nested_delimiter="__", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="ignore")
 
-    # The front door (our FastAPI app): what clients talk to.
-    host: str = Field("127.0.0.1", description="address the front door listens on")
-    port: int = Field(8000, description="port of the OpenAI-compatible front door")
-
-    # The model.
-    model: Path | None = Field(None, description="local Hugging Face model directory (default: the tiny model)")
-    served_model_name: str | None = Field(None, description="model id clients use (default: the directory name)")
-    max_model_len: int = Field(32768, description="context window served, in tokens")
-    dtype: str = Field("auto", description="vLLM dtype (auto: vLLM's choice, which runs float32 checkpoints in "
-                                          "bfloat16, except on a CPU without native bfloat16 (no AVX512-BF16/AMX), "
-                                          "which would emulate it: there float32 stays float32; engine/compute_dtype.py)")
-
-    # The Dynamo stack.
-    workers: int = Field(1, ge=1, description="number of aggregated vLLM workers (Dynamo dynamo.vllm processes)")
-    router_mode: Literal["kv", "round-robin", "random"] = Field("kv", description="Dynamo frontend routing policy")
-    session_affinity_ttl_s: int = Field(3600, ge=1, description="how long an idle session stays bound to its worker")
-    frontend_port: int = Field(8100, description="port of Dynamo's frontend (internal; the front door's way to "
-                                                 "disaggregated workers, or to all with --no-embedded-router)")
-    embedded_router: bool = Field(True, description="route requests to aggregated workers with Dynamo's KV router "
-                                                    "inside the front door, not through Dynamo's frontend over HTTP "
-                                                    "(engine/embedded_router.py; disaggregated workers and the "
-                                                    "round-robin/random modes always go through Dynamo's frontend)")
-    discovery_backend: Literal["file", "etcd"] = Field("file", description="Dynamo discovery: file (one machine) or etcd")
-    kv_events_base_port: int = Field(20080, description="ZMQ KV-event port of worker 0; worker i uses base + i")
-    worker_system_base_port: int = Field(18080, description="Dynamo system (health) port of worker 0; worker i uses base + i")
-    block_size: int = Field(32, description="KV block size in tokens (CPU attention needs a multiple of 32)")
-    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache per worker, GiB (vLLM --kv-cache-memory-bytes)")
-    enforce_eager: bool = Field(True, description="skip torch.compile/CUDA graphs (2x faster start-up on CPU)")
-    stream_interval: int = Field(
-        1, ge=1,
-        description="tokens a worker gathers before it sends them on, for streamed responses (vLLM's "
-                    "stream_interval, per request; the first token always goes at once). 1: every token as soon "
-                    "as it is sampled. Larger: less work per token in every hop, tokens arrive in bursts")
-    unstreamed_interval: int = Field(
-        UNSTREAMED_INTERVAL, ge=1,
-        description="the same, for responses the client gets in one piece (stream=false, /inference/v1/generate, "
-                    "batches): the client cannot see the bursts, and each hop (worker, Dynamo, front door) handles "
-                    "one message per this many tokens")
-    cpu_threads_per_worker: int = Field(1, ge=1, description="OpenMP threads per vLLM CPU worker")
-    startup_timeout_s: float = Field(420.0, description="how long `up` waits for every worker to become healthy")
-
-    # Prefill/decode disaggregation (engine/disaggregation.py): both counts > 0 replace `workers`.
-    prefill_workers: int = Field(0, ge=0, description="prefill-only vLLM workers; with decode_workers, serve "
-                                                      "disaggregated (KV moves over NIXL); 0: aggregated workers")
-    decode_workers: int = Field(0, ge=0, description="decode-only vLLM workers (with prefill_workers)")
-    nixl_side_channel_base_port: int = Field(19080, description="NIXL handshake port of worker 0 in disaggregated "
-                                                                "serving; worker i uses base + i")
-    disagg_local_max_uncached_tokens: int = Field(
-        DISAGG_LOCAL_MAX_UNCACHED_TOKENS, ge=0,
-        description="conditional disaggregation: a request is prefilled on its decode worker when fewer prompt "
-                    "tokens than this are uncached there AND disagg_local_min_cached_fraction is met (0: always "
-                    "prefill remotely)")
-    disagg_local_min_cached_fraction: float = Field(
-        DISAGG_LOCAL_MIN_CACHED_FRACTION, ge=0.0, le=1.0,
-        description="conditional disaggregation: ... AND more than this fraction of the prompt is cached on the "
-                    "decode worker")
-    step_token_budget: int | None = Field(
-        None, ge=256,
-        description="per-step token budget of aggregated and decode workers (vLLM's --max-num-batched-tokens; a "
-                    "longer prompt is prefilled in chunks of this size, between decode steps); default: vLLM's "
-                    "for the platform (2,048 on CPU)")
-    prefill_budget_tokens: int = Field(PREFILL_BUDGET_TOKENS, ge=256,
-                                       description="per-step prefill token budget of prefill workers (longer prompts "
-                                                   "are prefilled in chunks of this size)")
-    nixl_progress_thread: bool = Field(
-        False, description="CPU workers: keep NIXL's UCX progress thread (it busy-polls the worker's core; "
-                           "without it UCX progresses whenever vLLM checks a transfer). GPU workers always keep it")
-    disagg_kv_lease_s: int = Field(
-        300, ge=10,
-        description="how long a prefill worker keeps a request's KV for its decode worker to read (vLLM's "
-                    "kv_lease_duration; its 30 s default expires on a loaded CPU machine and the decode worker "
-                    "then reads freed blocks)")
-    # Capacity pools (engine/pools.py, docs/pools.md) and failover.
-    pools_file: Path | None = Field(None, description="TOML file declaring serverless and reserved pools (see "
-                                                      "docs/pools.md); the stack's own workers are the default pool")
-    pool_base_port: int = Field(21000, lt=32768 - 40, description="first port of the pools' deployments (40 ports "
-                                                                  "each; Dynamo's system ports must be below 32768)")
-    pool_check_interval_s: float = Field(1.0, gt=0, description="how often every deployment's health is checked "
-                                                                "(unhealthy: out of rotation)")
-    restart_dead_workers: bool = Field(True, description="start again a worker or frontend process that died "
-                                                         "(not for disaggregated workers)")
-    enable_lora: bool = Field(
-        False, description="let workers load LoRA adapters at run time (rollout-serve deploy --as lora). Off by "
-                           "default, as in vLLM: LoRA layers cost every engine step even with no adapter loaded")
-    max_lora_rank: int = Field(64, ge=1, description="largest LoRA rank a worker accepts")
-    max_loras: int = Field(4, ge=1, description="LoRA adapters a worker keeps loaded at once")
-
-    # State.
-    cache_dir: Path = Field(default_factory=_home_cache, description="models and compiled artefacts")
-    state_dir: Path | None = Field(None, description="run-time state: logs, discovery files, database (default: cache_dir/state)")
-    database_url: str | None = Field(None, description="SQLAlchemy URL for keys/usage (default: SQLite in state_dir)")
-    admin_key: str | None = Field(None, description="API key with admin rights (deployments, weight updates)")
-    keys_recheck_s: float = Field(2.0, ge=0, description="how long the server trusts what it last read of a key "
-                                                      "(or of whether any key exists): keys created or revoked with "
-                                                      "`rollout-serve keys` take effect within this delay")
-
-    # Requests.
-    request_timeout_s: float = Field(600.0, description="upper bound on one request through the stack")
-    max_request_body_mib: float = Field(32.0, gt=0, description="largest JSON request body accepted (413 above it); a "
-                                        "1M-token prompt is ~4 MiB as text, ~7 MiB as token ids")
-    default_max_tokens: int | None = Field(None, description="max_tokens when a chat request sets none (None: fill the context, as vLLM)")
-    session_prompt_tokens: int = Field(
-        4_000_000, ge=0,
-        description="token ids of named sessions' chat prompts the front door keeps (with their text: ~8 bytes a "
-                    "token for ASCII text, up to ~20 otherwise), so that a returning turn tokenizes only what it adds; 0: every prompt is tokenized whole")
-
-    # Trace capture (nested: set with ROLLOUT_SERVE_TRACES__<FIELD>, e.g. ROLLOUT_SERVE_TRACES__ENABLED=false).
+    server: ServerSettings = Field(default_factory=ServerSettings, description="the front door")
+    state: StateSettings = Field(default_factory=StateSettings, description="state on disk")
+    engine: EngineSettings = Field(default_factory=EngineSettings, description="the engine")
     traces: TraceSettings = Field(default_factory=TraceSettings,
                                   description="trace capture and store (relative dir: under state_dir)")
-
-    usage: UsageSettings = Field(default_factory=UsageSettings, description="usage accounting (ROLLOUT_SERVE_USAGE__*)")
-    quotas: QuotaSettings = Field(default_factory=QuotaSettings,
-                                  description="default per-key rate limits (ROLLOUT_SERVE_QUOTAS__*)")
-    batches: BatchSettings = Field(default_factory=BatchSettings, description="Batch API (ROLLOUT_SERVE_BATCHES__*)")
-    kv_tier: KvTierSettings = Field(default_factory=KvTierSettings,
-                                    description="host-DRAM KV tier on Mooncake (ROLLOUT_SERVE_KV_TIER__*, docs/kv_tier.md)")
+    usage: UsageSettings = Field(default_factory=UsageSettings, description="usage accounting")
+    quotas: QuotaSettings = Field(default_factory=QuotaSettings, description="default per-key rate limits")
+    batches: BatchSettings = Field(default_factory=BatchSettings, description="Batch API")
     deploy: DeploySettings = Field(default_factory=DeploySettings,
-                                   description="checkpoint deploys and RL weight sync (ROLLOUT_SERVE_DEPLOY__*)")
+                                   description="checkpoint deploys and RL weight sync")
 
-    @model_validator(mode="after")
-    def _disaggregation_needs_both_pools(self) -> Settings:
-        if (self.prefill_workers > 0) != (self.decode_workers > 0):
-            raise ValueError("prefill_workers and decode_workers go together: set both (disaggregated) or neither")
-        if self.prefill_workers and self.disagg_local_max_uncached_tokens and self.router_mode != "kv":
-            raise ValueError("conditional disaggregation (disagg_local_max_uncached_tokens > 0) needs router_mode kv")
-        if self.pools_file and self.discovery_backend != "file":
-            raise ValueError("pools_file needs discovery_backend file: each deployment finds its workers through "
-                             "its own discovery directory")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _short_names(cls, data: Any) -> Any:
+        """Keyword arguments by short name or section name, put where they belong in the tree."""
+        return nest_short_names(data) if isinstance(data, dict) else data
 
-    @property
-    def resolved_batch_dir(self) -> Path:
-        return self.batches.dir if self.batches.dir.is_absolute() else self.resolved_state_dir / self.batches.dir
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Full paths in the environment win over short names; keyword arguments win over both.
+        return init_settings, env_settings, _ShortEnvNames(settings_cls), dotenv_settings, file_secret_settings
 
     @property
-    def resolved_batch_database_url(self) -> str:
-        return self.batches.database_url or f"sqlite:///{self.resolved_batch_dir / 'batches.db'}"
+    def trace_dir(self) -> Path:
+        return self.state.under_state(self.traces.dir)
 
     @property
-    def resolved_trace_dir(self) -> Path:
-        return self.traces.dir if self.traces.dir.is_absolute() else self.resolved_state_dir / self.traces.dir
+    def batch_dir(self) -> Path:
+        return self.state.under_state(self.batches.dir)
 
     @property
-    def resolved_state_dir(self) -> Path:
-        return self.state_dir or self.cache_dir / "state"
+    def batch_database_url(self) -> str:
+        return self.batches.database_url or f"sqlite:///{self.batch_dir / 'batches.db'}"
 
-    @property
-    def resolved_database_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.resolved_state_dir / 'rollout-serve.db'}"
+
+def _walk(model: type[BaseModel], path: tuple[str, ...] = ()):
+    """(path, FieldInfo, is_section) of every field under `model`, depth first."""
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        section = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        yield path + (name,), field, section
+        if section:
+            yield from _walk(annotation, path + (name,))
+
+
+def _short_name(path: tuple[str, ...]) -> str:
+    prefixed = next((i for i, part in enumerate(path[:-1]) if part in PREFIXED_SECTIONS), None)
+    return path[-1] if prefixed is None else "_".join(path[prefixed:])
+
+
+SETTINGS_NAMES: list[SettingName] = [SettingName(path, _short_name(path), field)
+                                     for path, field, section in _walk(Settings) if not section]
+SECTIONS: dict[str, tuple[str, ...]] = {path[-1]: path for path, _, section in _walk(Settings) if section}
+_BY_SHORT_NAME = {s.name: s.path for s in SETTINGS_NAMES}
+assert len(_BY_SHORT_NAME) == len(SETTINGS_NAMES), "two settings share a short name"
+assert not set(_BY_SHORT_NAME) & set(SECTIONS), "a setting's short name is also a section's"
+
+
+def _put(tree: dict, path: tuple[str, ...], value: Any) -> None:
+    """tree[path[0]]...[path[-1]] = value, making the sections on the way (a section given as a model is
+    unfolded into its fields set)."""
+    for part in path[:-1]:
+        inner = tree.get(part)
+        if isinstance(inner, BaseModel):
+            inner = inner.model_dump(exclude_unset=True)
+        tree[part] = inner if isinstance(inner, dict) else {}
+        tree = tree[part]
+    tree[path[-1]] = value
+
+
+def nest_short_names(data: dict) -> dict:
+    """{"workers": 2, "kv_tier": {...}} -> {"engine": {"workers": 2, "kv_tier": {...}}}; full paths stay."""
+    nested = {k: v for k, v in data.items() if k in Settings.model_fields}
+    for key, value in data.items():
+        if key in Settings.model_fields:
+            continue
+        path = _BY_SHORT_NAME.get(key) or SECTIONS.get(key)
+        if path is None:
+            nested[key] = value  # ignored (extra="ignore"), as pydantic-settings ignores unknown fields
+        else:
+            _put(nested, path, value)
+    return nested
+
+
+class _ShortEnvNames(PydanticBaseSettingsSource):
+    """ROLLOUT_SERVE_<SHORT NAME> and ROLLOUT_SERVE_<SECTION>__<FIELD>, read into the tree."""
+
+    def get_field_value(self, field, field_name):  # noqa: ARG002 -- values come from __call__
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        tree: dict[str, Any] = {}
+        for key, value in os.environ.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX):].lower()
+            section, _, rest = name.partition("__")
+            if rest and section in SECTIONS and SECTIONS[section] != (section,):
+                _put(tree, SECTIONS[section] + tuple(rest.split("__")), value)
+            elif not rest and name in _BY_SHORT_NAME and _BY_SHORT_NAME[name][-1] == name:
+                _put(tree, _BY_SHORT_NAME[name], value)
+        return tree

@@ -1,4 +1,4 @@
-"""Structured output: what the engine must enforce, as Dynamo's completions API takes it.
+"""Structured output: what the engine must enforce (a `GuidedDecoding`, engine/contract.py).
 
 Dynamo 1.6.1's /v1/completions accepts vLLM's older guided-decoding fields
 (guided_json, guided_regex, guided_choice, guided_grammar) but no structural tag, so
@@ -13,12 +13,13 @@ from functools import lru_cache
 
 import xgrammar
 
+from engine.contract import GuidedDecoding
 from rollout_server.errors import bad_request
 from rollout_server.tool_calls.request import json_schema_problem
 from rollout_server.tool_calls.structural_tag import json_schema_content, xgrammar_reason
 
 
-def guided_for(response_format: dict | None, structured_outputs: dict | None, param_prefix: str = "") -> dict:
+def guided_for(response_format: dict | None, structured_outputs: dict | None, param_prefix: str = "") -> GuidedDecoding | None:
     """What the engine must enforce for a request's response_format or vLLM structured_outputs (one of them)."""
     if structured_outputs is not None and response_format and response_format.get("type") != "text":
         raise bad_request("response_format and structured_outputs both constrain the output: send one",
@@ -28,12 +29,12 @@ def guided_for(response_format: dict | None, structured_outputs: dict | None, pa
     return _guided_for_response_format(response_format, f"{param_prefix}response_format")
 
 
-def _guided_for_response_format(response_format: dict | None, param: str = "response_format") -> dict:
+def _guided_for_response_format(response_format: dict | None, param: str = "response_format") -> GuidedDecoding | None:
     if not response_format or response_format.get("type") == "text":
-        return {}
+        return None
     kind = response_format.get("type")
     if kind == "json_object":
-        return {"guided_grammar": compact_json_grammar({"type": "object"}, param)}
+        return GuidedDecoding("grammar", compact_json_grammar({"type": "object"}, param))
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict):
@@ -43,7 +44,7 @@ def _guided_for_response_format(response_format: dict | None, param: str = "resp
         if not isinstance(schema, dict):
             raise bad_request("response_format.json_schema.schema must be a JSON schema object",
                               param=f"{param}.json_schema.schema")
-        return {"guided_grammar": compact_json_grammar(schema, f"{param}.json_schema.schema")}
+        return GuidedDecoding("grammar", compact_json_grammar(schema, f"{param}.json_schema.schema"))
     raise bad_request(f"response_format type {kind!r} is not supported (text, json_object, json_schema)",
                       param=f"{param}.type")
 
@@ -51,7 +52,7 @@ def _guided_for_response_format(response_format: dict | None, param: str = "resp
 _STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
-def guided_for_structured_outputs(spec: dict, param: str) -> dict:
+def guided_for_structured_outputs(spec: dict, param: str) -> GuidedDecoding:
     """vLLM's structured_outputs (exactly one of json, json_object, regex, choice, grammar, structural_tag; its
     tuning options are the backend's business) -> Dynamo's guided fields, checked here so that a constraint
     the backend cannot compile is a 400 naming the field, not a failure mid-request."""
@@ -61,26 +62,26 @@ def guided_for_structured_outputs(spec: dict, param: str) -> dict:
     kind = kinds[0]
     value, where = spec[kind], f"{param}.{kind}"
     if kind == "json_object":
-        return {"guided_grammar": compact_json_grammar({"type": "object"}, where)}
+        return GuidedDecoding("grammar", compact_json_grammar({"type": "object"}, where))
     if kind == "json":
         schema = _json_value(value, where)
         if not isinstance(schema, dict):
             raise bad_request("structured_outputs.json must be a JSON schema object", param=where)
-        return {"guided_grammar": compact_json_grammar(schema, where)}
+        return GuidedDecoding("grammar", compact_json_grammar(schema, where))
     if kind == "structural_tag":
         tag = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-        return {"guided_grammar": _compiled(grammar_for_structural_tag, tag, where)}
+        return GuidedDecoding("grammar", _compiled(grammar_for_structural_tag, tag, where))
     if kind == "choice":
         if not isinstance(value, list) or not value or not all(isinstance(c, str) and c for c in value):
             raise bad_request("structured_outputs.choice must be a list of non-empty strings", param=where)
-        return {"guided_choice": value}
+        return GuidedDecoding("choice", value)
     if not isinstance(value, str):
         raise bad_request(f"structured_outputs.{kind} must be a string", param=where)
     if kind == "regex":
         _compiled(xgrammar.Grammar.from_regex, value, where)
-        return {"guided_regex": value}
+        return GuidedDecoding("regex", value)
     _compiled(xgrammar.Grammar.from_ebnf, value, where)
-    return {"guided_grammar": value}
+    return GuidedDecoding("grammar", value)
 
 
 def _json_value(value, param: str):
@@ -117,5 +118,5 @@ def compact_json_grammar(schema: dict, param: str) -> str:
 @lru_cache(maxsize=512)
 def _schema_problem(schema_json: str) -> str | None:
     """Why the schema breaks its JSON Schema dialect's rules ($schema, else 2020-12), or None. xgrammar compiles
-    some such schemas anyway: {"anyOf": []} became a grammar nothing matches, and its answers came back empty."""
+    some such schemas anyway: {"anyOf": []} becomes a grammar nothing matches, and its answers come back empty."""
     return json_schema_problem(json.loads(schema_json))

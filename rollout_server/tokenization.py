@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from rollout_server.auth import Principal
 from rollout_server.chat import checked_tools, prompt_ids_for
-from rollout_server.generation import ServingContext, check_in_vocabulary
 from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
+from rollout_server.serving.context import ServingContext
+from rollout_server.serving.prompt_checks import check_in_vocabulary
 from rollout_server.session_prompts import team_session
 from rollout_server.tokenizer import tokenize_off_the_loop
 
 
 async def tokenize(ctx: ServingContext, req: TokenizeRequest, session_header: str | None, who: Principal) -> dict:
     if req.model is not None:
-        ctx.route(req.model, who)
+        ctx.target(req.model, who)
     if req.messages is not None:
         if req.tools:
             await checked_tools(ctx, req.tools)  # refused as a chat request with these tools would be
@@ -32,7 +33,7 @@ async def tokenize(ctx: ServingContext, req: TokenizeRequest, session_header: st
 
 async def detokenize(ctx: ServingContext, req: DetokenizeRequest, who: Principal) -> dict:
     if req.model is not None:
-        ctx.route(req.model, who)
+        ctx.target(req.model, who)
     check_in_vocabulary(ctx, req.tokens, "tokens")
     text = await tokenize_off_the_loop(  # ~4 characters a token
         4 * len(req.tokens), lambda: ctx.tokenizer.decode(req.tokens, skip_special_tokens=False))

@@ -17,10 +17,10 @@ from rollout_server.session_prompts import session_prompts_for
 
 T = TypeVar("T")
 
-# Tokenizing a 140k-token agent prompt takes 0.14 s on these cores (benchmarks/long_prompt.py); on the
-# front door's event loop that is 0.14 s without a token for every other stream it serves. HF's fast
-# tokenizer releases the GIL while it encodes, so texts longer than this go to a worker thread; shorter
-# ones (under ~5 ms of work) stay inline, where the thread hop (~0.1 ms of CPU) would cost more.
+# Tokenizing a long agent prompt on the front door's event loop holds every other stream it serves for that
+# long. HF's fast tokenizer releases the GIL while it encodes, so texts longer than this go to a worker
+# thread; shorter ones stay inline, where the thread hop would cost more than it saves
+# (docs/benchmarks.md, "Measurements behind design choices").
 INLINE_TOKENIZE_CHARS = 8_192
 
 
@@ -58,8 +58,8 @@ class ModelTokenizer:
         self.session_prompts = session_prompts_for(self.hf, self.encode, session_prompt_tokens)
 
     def fewest_tokens(self, chars: int) -> int:
-        """At least how many tokens `chars` characters of text become, known without tokenizing them (a minute
-        for 20 MB): a token stands for at most `max_token_chars` characters of normalized text, and Unicode
+        """At least how many tokens `chars` characters of text become, known without tokenizing them (slow for
+        a huge text): a token stands for at most `max_token_chars` characters of normalized text, and Unicode
         normalization (NFC) folds at most 3 characters into one."""
         return chars // (3 * self.max_token_chars)
 
@@ -102,6 +102,6 @@ class ModelTokenizer:
 
     def out_of_vocab(self, ids: list[int]) -> int | None:
         """The first id outside the vocabulary, if any."""
-        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):  # in C: a long prompt is checked in ~1 ms
+        if not ids or (min(ids) >= 0 and max(ids) < self.vocab_size):  # in C: fast on a long prompt
             return None
         return next(i for i in ids if i < 0 or i >= self.vocab_size)

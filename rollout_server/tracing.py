@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from rollout_server.generation import ChoiceResult, FinishedGeneration
+from rollout_server.serving.finished import ChoiceResult, FinishedGeneration
 from trace_pipeline.capture import TraceCapture
 from trace_pipeline.records import TraceRecord
 
@@ -39,7 +39,7 @@ def _record(g: FinishedGeneration, body: dict, sampling: dict, choice: ChoiceRes
         completion_logprobs=_logprobs(choice), finish_reason=choice.finish_reason,
         queue_ms=None, ttft_ms=g.ttft_s * 1000 if g.ttft_s is not None else None,
         inter_token_ms=[gap * 1000 for gap in g.inter_token_s], total_ms=g.total_s * 1000,
-        cached_tokens=g.cached_tokens, worker_ids=[g.worker_id] if g.worker_id else [],
+        cached_tokens=g.cached_tokens, worker_ids=[] if g.worker_id is None else [str(g.worker_id)],
         choice_index=choice.index,
     )
 

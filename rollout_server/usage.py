@@ -13,38 +13,25 @@ Time has minute resolution: a request counts in the minute it was created in.
     store = UsageStore(open_database(url))
     recorder = UsageRecorder(store); recorder.start()
     ctx.on_finish.append(recorder.on_finish)
-    app.include_router(usage_router(store, principal))   # GET /v1/usage
+    app.include_router(usage_router(store, principal))   # GET /v1/usage (rollout_server/routes/usage.py)
     ...
     recorder.close()
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import csv
 import datetime as dt
-import io
-import json
 import logging
 import threading
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Callable
 
-from fastapi import APIRouter, Depends, Query
 from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, String, Table, func, select
 from sqlalchemy.engine import Engine
 
-from rollout_server.auth import Principal
-from rollout_server.errors import APIError, bad_request
-from rollout_server.times import unix_time
-
-if TYPE_CHECKING:  # only for annotations: importing generation loads transformers (seconds)
-    from rollout_server.generation import FinishedGeneration
+from rollout_server.serving.finished import FinishedGeneration
 
 log = logging.getLogger(__name__)
 
-DEFAULT_POOL = "default"
 GROUP_BY_FIELDS = ("team", "key", "model", "pool", "day")
 SECONDS_PER_DAY = 86400
 
@@ -138,11 +125,9 @@ def minute_of(unix_s: float) -> int:
 
 
 def usage_event(generation: FinishedGeneration) -> UsageEvent:
-    # key_prefix and pool are the fields this module proposes for FinishedGeneration;
-    # read defensively so the hook works before (and after) they are added.
     return UsageEvent(
-        team=generation.team, key_prefix=getattr(generation, "key_prefix", None), model=generation.model,
-        pool=getattr(generation, "pool", None) or DEFAULT_POOL, created_at=generation.created_at,
+        team=generation.team, key_prefix=generation.key_prefix, model=generation.model,
+        pool=generation.pool, created_at=generation.created_at,
         prompt_tokens=generation.prompt_tokens, cached_tokens=generation.cached_tokens,
         completion_tokens=generation.completion_tokens, wall_s=generation.total_s,
     )
@@ -277,115 +262,3 @@ def parse_group_by(values: list[str]) -> tuple[str, ...]:
     if unknown:
         raise ValueError(f"cannot group by {unknown[0]!r}; choose from {', '.join(GROUP_BY_FIELDS)}")
     return tuple(dict.fromkeys(names))
-
-
-# ---- GET /v1/usage -------------------------------------------------------------------------
-
-def usage_router(store: UsageStore, principal_dependency: Callable[..., Principal]) -> APIRouter:
-    """GET /v1/usage?since=&until=&group_by=team,key,model,pool,day&team=&key=&model=
-
-    A team sees its own usage; only an admin may name another team (or omit team= for all)."""
-    router = APIRouter()
-
-    @router.get("/v1/usage")
-    async def get_usage(since: str | None = None, until: str | None = None, group_by: list[str] = Query([]),
-                        team: str | None = None, key: str | None = None, model: str | None = None,
-                        who: Principal = Depends(principal_dependency)):
-        query = UsageQuery(team=_team_for(who, team), key_prefix=key, model=model,
-                           since=_time_param(since, "since"), until=_time_param(until, "until"),
-                           group_by=_group_by_param(group_by))
-        rows = await asyncio.to_thread(store.totals, query)
-        return {"object": "list", "team": query.team, "since": query.since, "until": query.until,
-                "group_by": list(query.group_by), "data": [row.to_json() for row in rows]}
-
-    return router
-
-
-def _team_for(who: Principal, requested: str | None) -> str | None:
-    if who.is_admin:
-        return requested
-    if requested is not None and requested != who.team:
-        raise APIError(403, "Only admins may read another team's usage.", param="team", code="forbidden_team")
-    return who.team
-
-
-def _time_param(text: str | None, param: str) -> float | None:
-    if text is None:
-        return None
-    try:
-        return unix_time(text)
-    except ValueError as exc:
-        raise bad_request(f"'{param}' must be unix seconds or an ISO 8601 time: {exc}", param=param,
-                          code="invalid_value") from exc
-
-
-def _group_by_param(values: list[str]) -> tuple[str, ...]:
-    try:
-        return parse_group_by(values)
-    except ValueError as exc:
-        raise bad_request(str(exc), param="group_by", code="invalid_value") from exc
-
-
-# ---- rollout-serve usage ------------------------------------------------------------------
-
-def add_usage_commands(subparsers: argparse._SubParsersAction) -> None:
-    usage = subparsers.add_parser("usage", help="usage totals per team, key, model, pool and day",
-                                  description="Reads the usage table directly (no server needed).")
-    usage.add_argument("--team", help="only this team (default: every team)")
-    usage.add_argument("--key", help="only this key prefix")
-    usage.add_argument("--model", help="only this model")
-    usage.add_argument("--since", type=unix_time, help="from this time (unix s or ISO 8601, UTC by default)")
-    usage.add_argument("--until", type=unix_time, help="before this time (unix s or ISO 8601)")
-    usage.add_argument("--group-by", default="team,model,day", help=f"comma-separated: {', '.join(GROUP_BY_FIELDS)}")
-    usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    usage.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the state directory)")
-    usage.add_argument("--cache-dir", help=argparse.SUPPRESS)
-    usage.add_argument("--state-dir", help=argparse.SUPPRESS)
-    usage.set_defaults(func=run_usage_command)
-
-
-def run_usage_command(args: argparse.Namespace) -> int:
-    from rollout_server.auth import open_database
-    from rollout_server.settings import Settings
-
-    given = {name: getattr(args, name) for name in ("database_url", "cache_dir", "state_dir") if getattr(args, name)}
-    try:
-        group_by = parse_group_by([args.group_by])
-    except ValueError as exc:
-        print(f"error: {exc}")
-        return 2
-    store = UsageStore(open_database(Settings(**given).resolved_database_url))
-    query = UsageQuery(team=args.team, key_prefix=args.key, model=args.model, since=args.since,
-                       until=args.until, group_by=group_by)
-    print(format_usage(store.totals(query), group_by, args.format), end="")
-    return 0
-
-
-_COUNT_COLUMNS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens", "total_tokens", "wall_s")
-
-
-def format_usage(rows: list[UsageRow], group_by: tuple[str, ...], fmt: str) -> str:
-    records = [row.to_json() for row in rows]
-    if fmt == "json":
-        return json.dumps(records, indent=2) + "\n"
-    columns = list(group_by) + list(_COUNT_COLUMNS)
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=columns, lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(records)
-        return out.getvalue()
-    return _table(columns, records)
-
-
-def _table(columns: list[str], records: list[dict]) -> str:
-    def cell(value) -> str:
-        if value is None:
-            return "-"
-        return f"{value:.1f}" if isinstance(value, float) else str(value)
-
-    cells = [[cell(record[c]) for c in columns] for record in records]
-    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(text.ljust(w) for text, w in zip(columns, widths))]
-    lines += ["  ".join(text.ljust(w) for text, w in zip(row, widths)) for row in cells]
-    return "\n".join(lines) + "\n"

@@ -10,6 +10,18 @@ if not torch.cuda.is_available():
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+SLOW_MARKERS = ("stack", "disagg")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Tells the stack harness and tests/tiny_models.py which tier this test is in, before its fixtures are set
+    up: a test of the fast tier that starts a stack or asks for the trained model fails, naming the marker."""
+    from rollout_server.harness.stack import TEST_TIER_ENV
+
+    slow = any(item.get_closest_marker(marker) for marker in SLOW_MARKERS)
+    os.environ[TEST_TIER_ENV] = "stack" if slow else "fast"
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
@@ -23,7 +35,7 @@ def pytest_runtest_makereport(item, call):
 
 def _running_stacks(values) -> list:
     """The RunningStacks among a test's fixture values, and inside a tuple, list or object among them."""
-    from tests.stack_harness import RunningStack
+    from rollout_server.harness.stack import RunningStack
     found = []
     for value in values:
         inner = value if isinstance(value, (tuple, list)) else getattr(value, "__dict__", {}).values()

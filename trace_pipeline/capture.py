@@ -26,10 +26,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from trace_pipeline import codec
-from trace_pipeline.config import TraceSettings
 from trace_pipeline.handoff import Handoff
 from trace_pipeline.records import TraceRecord
 from trace_pipeline.redact import Redactor, redact_record
+from trace_pipeline.settings import TraceSettings
 from trace_pipeline.store import TraceStore
 from trace_pipeline.wal import WalSegment
 

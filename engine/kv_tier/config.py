@@ -1,6 +1,6 @@
 """What a worker's KV tier connector is told: vLLM's --kv-transfer-config for it.
 
-Built by the stack (engine/stack.py), read by the connector (engine/kv_tier/connector.py). The
+Built by the stack (engine/supervisor/stack.py), read by the connector (engine/kv_tier/connector.py). The
 dict is a plain vLLM connector config, so it also fits as one entry of vLLM's MultiConnector
 `connectors` list (e.g. next to NixlConnector for disaggregated workers).
 """

@@ -25,7 +25,7 @@ from engine.kv_tier.config import TierConnectorConfig
 from engine.kv_tier.events import TierEvents
 from engine.kv_tier.keys import KeyScheme, rank_key
 from engine.kv_tier.plan import TierMetadata, TierPlanner
-from engine.kv_tier.policy import PolicyVersion
+from engine.kv_tier.policy import VersionFile
 from engine.kv_tier.store import shared_store
 from engine.kv_tier.transfer import BlockMover
 
@@ -53,7 +53,7 @@ class KvTierConnector(KVConnectorBase_V1):
         self.mover: BlockMover | None = None
         self.events: TierEvents | None = None
         if role == KVConnectorRole.SCHEDULER:
-            version = PolicyVersion(self.config.version_path, self.config.policy_version)
+            version = VersionFile(self.config.version_path, self.config.policy_version)
             self.events = TierEvents(self.block_size, version) if self.config.announce else None
             self.planner = TierPlanner(store, self.block_size, version, self._key_scheme,
                                        exists_key=lambda key: rank_key(key, 0, tp_size),

@@ -18,13 +18,13 @@ from collections import OrderedDict
 from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVCacheEvent
 from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys, maybe_convert_block_hash, to_event_extra_keys
 
-from engine.kv_tier.policy import PolicyVersion
+from engine.kv_tier.policy import VersionFile
 
 MEDIUM_TIER = "CPU"  # Dynamo matches this spelling exactly (vLLM's own offloading connectors send "cpu")
 
 
 class TierEvents:
-    def __init__(self, block_size: int, version: PolicyVersion, max_announced: int = 1 << 20):
+    def __init__(self, block_size: int, version: VersionFile, max_announced: int = 1 << 20):
         self.block_size = block_size
         self.version = version
         self.max_announced = max_announced

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from engine.kv_tier.keys import KeyScheme
-from engine.kv_tier.policy import PolicyVersion
+from engine.kv_tier.policy import VersionFile
 from engine.kv_tier.store import TierStore
 
 
@@ -46,7 +46,7 @@ class _Lookup:
 
 
 class TierPlanner:
-    def __init__(self, store: TierStore, block_size: int, version: PolicyVersion,
+    def __init__(self, store: TierStore, block_size: int, version: VersionFile,
                  scheme_for: Callable[[object, int], KeyScheme], exists_key: Callable[[str], str] = lambda k: k,
                  on_stored: Callable[[object, int], None] | None = None):
         self.store = store

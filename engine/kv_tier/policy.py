@@ -12,8 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from engine.ids import PolicyVersion
 
-def write_policy_version(path: Path, version: int) -> None:
+
+def write_policy_version(path: Path, version: PolicyVersion) -> None:
     """Atomically replaces the version in `path` (readers never see a partial write)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -21,16 +23,16 @@ def write_policy_version(path: Path, version: int) -> None:
     os.replace(tmp, path)
 
 
-class PolicyVersion:
+class VersionFile:
     """The version in a file, re-read only when the file changes; `default` while it is absent."""
 
-    def __init__(self, path: Path | None, default: int):
+    def __init__(self, path: Path | None, default: PolicyVersion):
         self.path = path
         self.default = default
         self._stamp: tuple[int, int] | None = None
         self._version = default
 
-    def current(self) -> int:
+    def current(self) -> PolicyVersion:
         if self.path is None:
             return self.default
         try:
@@ -39,6 +41,6 @@ class PolicyVersion:
             return self.default
         stamp = (stat.st_mtime_ns, stat.st_ino)
         if stamp != self._stamp:
-            self._version = int(self.path.read_text().strip())
+            self._version = PolicyVersion(int(self.path.read_text().strip()))
             self._stamp = stamp
         return self._version

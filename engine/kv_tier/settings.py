@@ -1,4 +1,4 @@
-"""Settings of the host-DRAM KV tier; rollout_server.settings nests them as `kv_tier`."""
+"""Settings of the host-DRAM KV tier; engine/settings.py nests them as `kv_tier`."""
 
 from __future__ import annotations
 

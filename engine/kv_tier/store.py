@@ -1,7 +1,7 @@
 """A Mooncake store client for KV blocks: existence checks, batched put and get of fixed-size objects.
 
 The client contributes no memory to the store (global segment 0): the tier's DRAM is the segment
-holder's (engine/kv_tier/service.py). Objects move through one registered staging buffer, so a
+holder's (engine/supervisor/kv_tier_service.py). Objects move through one registered staging buffer, so a
 batch of blocks is one `batch_put_from` / `batch_get_into` call (one transfer per object).
 Connectors of the same process (vLLM's scheduler and worker sides) share one client.
 

@@ -3,7 +3,7 @@
 import openai
 import pytest
 
-from tests.stack_harness import start_stack
+from rollout_server.harness.stack import start_stack
 
 
 @pytest.fixture(scope="session")

@@ -5,8 +5,11 @@ import json
 import time
 
 import httpx
+import pytest
 
-from tests.stack_harness import create_key, start_stack
+from rollout_server.harness.stack import create_key, start_stack
+
+pytestmark = pytest.mark.stack
 
 LINES = 200
 

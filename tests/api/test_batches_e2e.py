@@ -4,6 +4,9 @@ import json
 import time
 
 import httpx
+import pytest
+
+pytestmark = pytest.mark.stack
 
 
 def test_a_batch_of_chat_and_completion_lines_runs_to_completion(stack):

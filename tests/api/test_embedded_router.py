@@ -1,4 +1,4 @@
-"""The front door's in-process KV router (engine/embedded_router.py) on the real stack: what it returns is what
+"""The front door's in-process KV router (engine/client/embedded_router.py) on the real stack: what it returns is what
 Dynamo's frontend returns for the same request, and requests no longer pass through Dynamo's frontend."""
 
 import asyncio
@@ -9,21 +9,23 @@ import signal
 import httpx
 import pytest
 
-from engine.embedded_router import EmbeddedRouterClient
-from engine.frontend_client import DynamoFrontendClient, EngineRequest
-from engine.stack import dynamo_env
-from rollout_server.settings import Settings
-from tests.stack_harness import CACHE_DIR
+from engine.client.dynamo_http import DynamoFrontendClient
+from engine.client.embedded_router import EmbeddedRouterClient
+from engine.contract import EngineRequest, SamplingParams
+from engine.settings import EngineSettings
+from engine.supervisor.stack import dynamo_env
+from tests.tiny_models import trained_tiny_model
+
+pytestmark = pytest.mark.stack
 
 MODEL = "tiny-qwen2"
-MODEL_DIR = CACHE_DIR / "models" / "tiny-qwen2-v0"
 
 
 def embedded_client(stack) -> EmbeddedRouterClient:
     discovery = stack.state_dir / f"stack-{stack.frontend_url.rsplit(':', 1)[1]}" / "discovery"
-    env = {**dynamo_env(Settings(), discovery), "DYN_LOG": "warn"}
-    return EmbeddedRouterClient(env=env, discovery_backend="file", model_dir=MODEL_DIR,
-                                served_model_name=MODEL, block_size=Settings().block_size, session_affinity_ttl_s=60)
+    env = {**dynamo_env(EngineSettings(), discovery), "DYN_LOG": "warn"}
+    return EmbeddedRouterClient(env=env, discovery_backend="file", model_dir=trained_tiny_model(),
+                                served_model_name=MODEL, block_size=EngineSettings().block_size, session_affinity_ttl_s=60)
 
 
 async def answer(client, req: EngineRequest) -> tuple[dict, tuple[int, int]]:
@@ -51,7 +53,7 @@ def greedy_text(stack, prompt: list[int]) -> str:
 @pytest.fixture(scope="module")
 def prompt(stack):
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(MODEL_DIR).encode("the same ids either way")
+    return AutoTokenizer.from_pretrained(trained_tiny_model()).encode("the same ids either way")
 
 
 SAMPLINGS = {"eos": {}, "ignore_eos": {"ignore_eos": True}, "stop": {"stop": "middle"},
@@ -73,8 +75,8 @@ def test_the_same_answer_as_dynamos_frontend(stack, prompt, sampling, interval, 
 
     def req(name: str) -> EngineRequest:
         return EngineRequest(model=MODEL, request_id=name, prompt_token_ids=prompt, max_tokens=40,
-                             sampling={"temperature": 0, **sampling}, stream_interval=interval, logprobs=logprobs,
-                             top_logprobs=top)
+                             sampling=SamplingParams(**{"temperature": 0, **sampling}), stream_interval=interval,
+                             logprobs=logprobs, top_logprobs=top)
 
     through_frontend = asyncio.run(answer(DynamoFrontendClient(stack.frontend_url), req("via-frontend")))
     in_process = asyncio.run(answer(embedded_client(stack), req("in-process")))

@@ -9,6 +9,8 @@ import httpx
 import openai
 import pytest
 
+pytestmark = pytest.mark.stack
+
 MODEL = "tiny-qwen2"
 MSG = [{"role": "user", "content": "x"}]
 

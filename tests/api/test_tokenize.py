@@ -4,7 +4,9 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import trained_tiny_model
+
+pytestmark = pytest.mark.stack
 
 MODEL = "tiny-qwen2"
 TOOLS = [{"type": "function", "function": {"name": "grep", "parameters": {
@@ -14,7 +16,7 @@ MESSAGES = [{"role": "system", "content": "You search code."}, {"role": "user", 
 
 @pytest.fixture(scope="module")
 def hf():
-    return AutoTokenizer.from_pretrained(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    return AutoTokenizer.from_pretrained(trained_tiny_model())
 
 
 def post(stack, path: str, body: dict, **headers) -> httpx.Response:

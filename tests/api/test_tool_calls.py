@@ -12,8 +12,10 @@ import jsonschema
 import openai
 import pytest
 
-from rollout_server.tiny_model import ensure_tiny_model
-from tests.stack_harness import CACHE_DIR, start_stack
+from rollout_server.harness.stack import start_stack
+from tests.tiny_models import trained_tiny_model
+
+pytestmark = pytest.mark.stack
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
@@ -43,7 +45,7 @@ def tool_client(request, stack, client, tmp_path_factory):
         client.tool_format = "hermes"
         yield client
         return
-    model_dir = ensure_tiny_model(0, CACHE_DIR / "models", tool_format="xml")
+    model_dir = trained_tiny_model(0, tool_format="xml")
     xml_stack = start_stack(tmp_path_factory.mktemp("xml-stack"), workers=1,
                             extra_args=["--model", str(model_dir), "--served-model-name", "tiny-qwen2"])
     xml_client = openai.OpenAI(base_url=f"{xml_stack.url}/v1", api_key="open", max_retries=0, timeout=120)

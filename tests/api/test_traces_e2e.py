@@ -9,7 +9,10 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
-from tests.stack_harness import CACHE_DIR, REPO
+from rollout_server.harness.stack import REPO
+from tests.tiny_models import trained_tiny_model
+
+pytestmark = pytest.mark.stack
 
 MODEL = "tiny-qwen2"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -38,7 +41,7 @@ def export(stack, tmp_path, fmt: str, session: str, expect_rows: int, timeout_s:
 
 @pytest.fixture(scope="module")
 def tokenizer(stack):
-    return AutoTokenizer.from_pretrained(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    return AutoTokenizer.from_pretrained(trained_tiny_model())
 
 
 def generate(stack, token_ids, session):

@@ -10,7 +10,9 @@ import pytest
 
 from rollout_server.tokenizer import ModelTokenizer
 from tests.api.test_errors import assert_error, post
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import trained_tiny_model
+
+pytestmark = pytest.mark.stack
 
 MODEL = "tiny-qwen2"
 MSG = [{"role": "user", "content": "answer"}]
@@ -100,7 +102,7 @@ def test_a_cache_salt_keeps_cached_prefixes_apart(stack):
 
 
 def test_chat_template_kwargs_and_documents_reach_the_template():
-    tokenizer = ModelTokenizer(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    tokenizer = ModelTokenizer(trained_tiny_model())
     tokenizer.hf.chat_template = "{{ project }}|{{ documents[0].text }}|{{ messages[0].content }}"
     ids = tokenizer.render_chat([{"role": "user", "content": "hi"}], None, documents=[{"text": "doc"}],
                                 template_kwargs={"project": "rollout"})

@@ -1,18 +1,23 @@
-"""Two real tiny Qwen2 checkpoints, shared with the stack tests through the model cache: the base (variant 0)
-and a fine-tune (variant 1)."""
+"""Two real tiny Qwen2 checkpoints: the base (variant 0) and a fine-tune (variant 1). Untrained ones
+(tests/tiny_models.py) for the checks of the fast tier; for a module marked `stack`, the trained ones the stack
+serves."""
 
 import pytest
 
-from rollout_server.tiny_model import ensure_tiny_model
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import trained_tiny_model, untrained_tiny_model
 
 
-@pytest.fixture(scope="session")
-def base_dir():
-    return ensure_tiny_model(0, CACHE_DIR / "models")
+def _tiny_model(request, variant: int):
+    served = request.node.get_closest_marker("stack") is not None
+    return trained_tiny_model(variant) if served else untrained_tiny_model(variant)
 
 
-@pytest.fixture(scope="session")
-def finetuned_dir():
+@pytest.fixture(scope="module")
+def base_dir(request):
+    return _tiny_model(request, 0)
+
+
+@pytest.fixture(scope="module")
+def finetuned_dir(request):
     """Same architecture and tokenizer as the base, other weights. Tests copy it before changing anything."""
-    return ensure_tiny_model(1, CACHE_DIR / "models")
+    return _tiny_model(request, 1)

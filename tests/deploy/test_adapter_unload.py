@@ -7,13 +7,13 @@ import asyncio
 
 from sqlalchemy import create_engine
 
-from engine.worker_control import WorkerControlError, WorkerHandle
+from engine.supervisor.worker_control import WorkerControlError, WorkerHandle
 from finetune_deploy import executor
 from finetune_deploy.executor import Deployer
 from finetune_deploy.registry import CheckpointRegistry
+from finetune_deploy.served_models import ModelTable
 from finetune_deploy.settings import DeploySettings
-from rollout_server.served_models import ModelTable
-from tests.deploy.checkpoint_factory import write_lora_adapter
+from rollout_server.harness.checkpoints import write_lora_adapter
 
 
 class WorkerControlDouble:

@@ -6,11 +6,17 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from finetune_deploy.api_models import (DeploymentRequest, PrimeUpdateWeightsRequest, RLUpdateWeightsRequest,
-                                        WeightUpdate, checkpoint_api_error, parse_request)
 from finetune_deploy.checkpoints import CheckpointError, validate_checkpoint
 from rollout_server.errors import APIError, install_error_handlers
-from tests.deploy.checkpoint_factory import copy_checkpoint
+from rollout_server.harness.checkpoints import copy_checkpoint
+from rollout_server.routes.deployment_bodies import (
+    DeploymentRequest,
+    PrimeUpdateWeightsRequest,
+    RLUpdateWeightsRequest,
+    WeightUpdate,
+    checkpoint_api_error,
+    parse_request,
+)
 
 
 def refusal(model, body) -> dict:

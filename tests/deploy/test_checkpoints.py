@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from finetune_deploy.checkpoints import CheckpointError, fingerprint_base_model, validate_checkpoint
-from tests.deploy.checkpoint_factory import copy_checkpoint, rewrite_weights, shard_weights, write_manifest
+from rollout_server.harness.checkpoints import copy_checkpoint, rewrite_weights, shard_weights, write_manifest
 
 Q_PROJ = "model.layers.0.self_attn.q_proj.weight"
 

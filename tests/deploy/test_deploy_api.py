@@ -13,15 +13,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
 from finetune_deploy.executor import Deployer
-from finetune_deploy.settings import DeploySettings
 from finetune_deploy.registry import CheckpointRegistry
+from finetune_deploy.served_models import ModelTable
+from finetune_deploy.settings import DeploySettings
 from rollout_server.app import AppState, create_app
 from rollout_server.auth import Authenticator, KeyStore, open_database
-from rollout_server.generation import ServingContext
+from rollout_server.harness.checkpoints import copy_checkpoint, write_lora_adapter
 from rollout_server.metrics import Metrics
-from rollout_server.served_models import ModelTable
+from rollout_server.serving.context import ServingContext
 from rollout_server.settings import Settings
-from tests.deploy.checkpoint_factory import copy_checkpoint, write_lora_adapter
 
 
 async def no_workers_double():

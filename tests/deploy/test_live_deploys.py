@@ -15,9 +15,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from tests.deploy.checkpoint_factory import copy_checkpoint, rewrite_weights, write_lora_adapter
-from tests.pools.pool_stack import wait_for
-from tests.stack_harness import start_stack
+from rollout_server.harness.checkpoints import copy_checkpoint, rewrite_weights, write_lora_adapter
+from rollout_server.harness.pool_stack import wait_for
+from rollout_server.harness.stack import start_stack
+
+pytestmark = pytest.mark.stack
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
 GREEDY_TOKENS = 16

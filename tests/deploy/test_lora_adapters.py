@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from finetune_deploy.checkpoints import CheckpointError, validate_checkpoint
-from tests.deploy.checkpoint_factory import rewrite_adapter, write_lora_adapter, write_manifest
+from rollout_server.harness.checkpoints import rewrite_adapter, write_lora_adapter, write_manifest
 
 Q_PROJ = "base_model.model.model.layers.0.self_attn.q_proj"
 

@@ -5,7 +5,7 @@ from sqlalchemy import create_engine
 
 from finetune_deploy.checkpoints import CheckpointError
 from finetune_deploy.registry import CheckpointRegistry, RegistryError
-from tests.deploy.checkpoint_factory import copy_checkpoint, write_lora_adapter
+from rollout_server.harness.checkpoints import copy_checkpoint, write_lora_adapter
 
 POOL = "qwen-tiny"
 

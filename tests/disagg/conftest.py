@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from engine.stack import vllm_counter
-from tests.stack_harness import RunningStack, free_port_block, start_stack
+from engine.supervisor.health import vllm_counter
+from rollout_server.harness.stack import RunningStack, free_port_block, start_stack
 
 MODEL = "tiny-qwen2"
 BLOCK_SIZE = 32  # the stack's default KV block size

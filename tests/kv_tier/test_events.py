@@ -8,7 +8,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
 from engine.kv_tier.events import MEDIUM_TIER, TierEvents
-from engine.kv_tier.policy import PolicyVersion, write_policy_version
+from engine.kv_tier.policy import VersionFile, write_policy_version
 
 BLOCK = 32
 
@@ -20,7 +20,7 @@ def request(tokens: list[int], request_id: str = "r1") -> Request:
 
 
 def test_a_saved_prefix_is_announced_with_vllms_own_block_hashes(tmp_path):
-    events = TierEvents(BLOCK, PolicyVersion(tmp_path / "version", 0))
+    events = TierEvents(BLOCK, VersionFile(tmp_path / "version", 0))
     req = request(list(range(100, 200)))            # 100 tokens: 3 full blocks
     events.stored(req, 3)
     [stored] = events.take()
@@ -41,7 +41,7 @@ def test_a_saved_prefix_is_announced_with_vllms_own_block_hashes(tmp_path):
 def test_a_policy_version_change_withdraws_every_announced_block(tmp_path):
     version_file = tmp_path / "version"
     write_policy_version(version_file, 0)
-    events = TierEvents(BLOCK, PolicyVersion(version_file, 0))
+    events = TierEvents(BLOCK, VersionFile(version_file, 0))
     first, second = request(list(range(64)), "a"), request(list(range(500, 596)), "b")
     events.stored(first, 2)
     events.take()
@@ -57,7 +57,7 @@ def test_a_policy_version_change_withdraws_every_announced_block(tmp_path):
 
 
 def test_the_announced_set_is_bounded(tmp_path):
-    events = TierEvents(BLOCK, PolicyVersion(tmp_path / "version", 0), max_announced=4)
+    events = TierEvents(BLOCK, VersionFile(tmp_path / "version", 0), max_announced=4)
     for i in range(3):
         events.stored(request([i * 1000 + t for t in range(64)], f"r{i}"), 2)
     events.take()

@@ -11,10 +11,12 @@ import math
 import pytest
 
 from benchmarks.kv_formats import accuracy_report, attention_rows, capture_activations
+from rollout_server.harness.stack import CACHE_DIR
 from rollout_server.settings import Settings
-from rollout_server.tiny_model import resolve_model
+from rollout_server.tiny_model.builder import resolve_model
 from tests.kv_tier.tier_reference import through_the_tier
-from tests.stack_harness import CACHE_DIR
+
+pytestmark = pytest.mark.stack
 
 MARGIN = 1.05  # the tier's error may exceed the kernels' figure by at most 5%
 

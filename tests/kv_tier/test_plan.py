@@ -7,7 +7,7 @@ import pytest
 
 from engine.kv_tier.keys import KeyScheme
 from engine.kv_tier.plan import TierPlanner
-from engine.kv_tier.policy import PolicyVersion, write_policy_version
+from engine.kv_tier.policy import VersionFile, write_policy_version
 
 BS = 32
 
@@ -69,7 +69,7 @@ def store():
 
 @pytest.fixture
 def planner(store, version_file):
-    return TierPlanner(store, BS, PolicyVersion(version_file, 0), scheme_for)
+    return TierPlanner(store, BS, VersionFile(version_file, 0), scheme_for)
 
 
 def finish(planner, request, block_ids):

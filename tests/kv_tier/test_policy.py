@@ -2,12 +2,12 @@
 
 import os
 
-from engine.kv_tier.policy import PolicyVersion, write_policy_version
+from engine.kv_tier.policy import VersionFile, write_policy_version
 
 
 def test_default_until_the_file_exists_then_its_value(tmp_path):
     path = tmp_path / "kv-tier" / "policy-version.worker-0"
-    version = PolicyVersion(path, default=2)
+    version = VersionFile(path, default=2)
     assert version.current() == 2
     write_policy_version(path, 5)
     assert version.current() == 5
@@ -15,7 +15,7 @@ def test_default_until_the_file_exists_then_its_value(tmp_path):
 
 def test_rereads_after_every_write_and_leaves_no_temporary_files(tmp_path):
     path = tmp_path / "v"
-    version = PolicyVersion(path, default=0)
+    version = VersionFile(path, default=0)
     for value in (1, 2, 1, 7):
         write_policy_version(path, value)
         assert version.current() == value
@@ -23,4 +23,4 @@ def test_rereads_after_every_write_and_leaves_no_temporary_files(tmp_path):
 
 
 def test_no_file_configured_means_the_default(tmp_path):
-    assert PolicyVersion(None, default=9).current() == 9
+    assert VersionFile(None, default=9).current() == 9

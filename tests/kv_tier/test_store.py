@@ -5,22 +5,23 @@ import time
 import pytest
 import torch
 
-from engine.kv_tier import service
 from engine.kv_tier.settings import KvTierSettings
 from engine.kv_tier.store import TierStore
-from engine.processes import ChildProcess, stop_all
-from tests.stack_harness import free_port_block
+from engine.supervisor import kv_tier_service
+from engine.supervisor.processes import ChildProcess, stop_all
+from rollout_server.harness.stack import free_port_block
 
 CAPACITY_GIB = 0.125  # 128 MiB
 
 
 def start_tier(run_dir, start_port: int) -> tuple[KvTierSettings, list[ChildProcess]]:
     settings = KvTierSettings(enabled=True, capacity_gib=CAPACITY_GIB, port_base=free_port_block(3, start=start_port))
-    children = [ChildProcess(service.master_spec(settings, run_dir)), ChildProcess(service.holder_spec(settings, run_dir))]
+    children = [ChildProcess(kv_tier_service.master_spec(settings, run_dir)),
+                ChildProcess(kv_tier_service.holder_spec(settings, run_dir))]
     for child in children:
         child.start()
     deadline = time.monotonic() + 60
-    while not service.is_ready(settings):
+    while not kv_tier_service.is_ready(settings):
         assert all(c.alive() for c in children), "\n".join(c.log_tail() for c in children)
         assert time.monotonic() < deadline, "tier not ready in 60 s:\n" + "\n".join(c.log_tail() for c in children)
         time.sleep(0.5)
@@ -44,19 +45,19 @@ def objects(n: int, size: int, seed: int) -> torch.Tensor:
 
 
 def test_ready_means_the_whole_capacity_is_mounted(tier):
-    metrics = service.read_metrics(tier)
+    metrics = kv_tier_service.read_metrics(tier)
     assert metrics.capacity_bytes == tier.capacity_bytes
 
 
 def test_put_then_get_returns_the_same_bytes(tier, store):
     data = objects(5, 36_880, seed=0)
     keys = [f"test/put-get/{i}" for i in range(5)]
-    before = service.read_metrics(tier)
+    before = kv_tier_service.read_metrics(tier)
     assert store.put(keys, data) == 5
     out = torch.zeros_like(data)
     assert store.get(keys, out) == [True] * 5
     assert torch.equal(out, data)
-    after = service.read_metrics(tier)
+    after = kv_tier_service.read_metrics(tier)
     assert after.keys == before.keys + 5
     assert after.get_requests >= before.get_requests + 5
 
@@ -99,7 +100,7 @@ def test_a_full_tier_evicts_old_objects_to_take_new_ones(tier, store):
             assert time.monotonic() < deadline, f"batch {batch}: {len(missing)} objects never fit"
             store.put([keys[i] for i in missing], data[missing])
             time.sleep(0.2)
-    metrics = service.read_metrics(tier)
+    metrics = kv_tier_service.read_metrics(tier)
     assert metrics.allocated_bytes <= tier.capacity_bytes
     assert store.exists([f"test/evict/0/{i}" for i in range(per_batch)]).count(True) < per_batch  # old ones went
 

@@ -12,9 +12,16 @@ import httpx
 import pytest
 
 from engine.kv_tier.settings import KvTierSettings
-from tests.kv_tier.test_tier_stack import (BLOCK, KV_CACHE_GIB, LOADABLE_BLOCKS, MAX_MODEL_LEN, MAX_TOKENS, TierStack,
-                                           tokens)
-from tests.stack_harness import free_port_block, start_stack
+from rollout_server.harness.stack import free_port_block, start_stack
+from tests.kv_tier.test_tier_stack import (
+    BLOCK,
+    KV_CACHE_GIB,
+    LOADABLE_BLOCKS,
+    MAX_MODEL_LEN,
+    MAX_TOKENS,
+    TierStack,
+    tokens,
+)
 
 pytestmark = pytest.mark.stack
 

@@ -16,13 +16,13 @@ import httpx
 import pytest
 import torch
 
-from engine.kv_tier import service
 from engine.kv_tier.policy import write_policy_version
 from engine.kv_tier.settings import KvTierSettings
+from engine.supervisor import kv_tier_service
+from rollout_server.harness.stack import CACHE_DIR, RunningStack, free_port_block, start_stack
 from rollout_server.settings import Settings
-from rollout_server.tiny_model import resolve_model
+from rollout_server.tiny_model.builder import resolve_model
 from tests.kv_tier.tier_reference import next_token_logprobs
-from tests.stack_harness import CACHE_DIR, RunningStack, free_port_block, start_stack
 
 pytestmark = pytest.mark.stack
 
@@ -47,8 +47,8 @@ class TierStack:
     def version_file(self) -> Path:
         return next(self.stack.state_dir.glob("stack-*/kv-tier/policy-version.worker-0"))
 
-    def metrics(self) -> service.TierMetrics:
-        return service.read_metrics(self.tier)
+    def metrics(self) -> kv_tier_service.TierMetrics:
+        return kv_tier_service.read_metrics(self.tier)
 
 
 @dataclass
@@ -133,9 +133,14 @@ def test_an_evicted_prefix_is_loaded_back_from_the_tier(tier_stack):
         assert_first_token_as_the_reference(prompt, cold, warm)
 
 
-# The workers compute in bfloat16, the reference in float32: the first token's top-5 probabilities agree within
-# ~0.005. How far NVFP4 KV moves them depends on the weights (one build of the tiny model: ~0.05, 0.1-0.4 nats;
-# another: under 0.07 nats), which the reference reproduces (test_nvfp4_accuracy.py bounds the KV error itself).
+# The workers compute in bfloat16, the reference in float32: without the tier, the first token's top-5
+# probabilities agree within ~0.005. How far NVFP4 KV moves them depends on the weights and on the CPU's bfloat16
+# kernels: the NVFP4 rounding of each value follows the prefix's KV to the last bit, so the engine's kernels
+# (AVX2-emulated or AMX bfloat16) and the reference's round different values one way or the other. On AVX2 cores
+# the reference reproduced the served shift within this tolerance; on an AMX Xeon the served shift was 0.015
+# where the reference's was 0.049. So the served answer is held to what NVFP4 can do (test_nvfp4_accuracy.py
+# bounds the KV error itself): its first token is the reference's, it moved (the NVFP4 blocks were used), and by
+# no more than the reference's NVFP4 shift.
 REFERENCE_TOLERANCE = 0.015  # probability
 
 
@@ -152,9 +157,10 @@ def assert_first_token_as_the_reference(prompt: list[int], cold: Completion, war
     print(f"first-token top-5 probabilities minus the reference's: cold {cold_gap:.4f}, through the NVFP4 tier "
           f"{warm_gap:.4f}; NVFP4 moves the reference's by {nvfp4_effect:.4f}")
     assert cold.token_ids[0] == lossless.argmax().item() and warm.token_ids[0] == nvfp4.argmax().item()
-    assert cold_gap < REFERENCE_TOLERANCE and warm_gap < REFERENCE_TOLERANCE
-    if nvfp4_effect > 2 * REFERENCE_TOLERANCE:  # then the served token must have moved with it (not kept BF16 KV)
-        assert gap(served_warm, lossless) > REFERENCE_TOLERANCE
+    assert cold_gap < REFERENCE_TOLERANCE
+    served_shift = max(abs(p - served_cold[t]) for t, p in served_warm.items() if t in served_cold)
+    assert served_shift > 1e-3, "the answer through the tier is the cold one: the NVFP4 blocks were not used"
+    assert gap(served_warm, lossless) < nvfp4_effect + REFERENCE_TOLERANCE
 
 
 def first_token_probs(served: Completion) -> dict[int, float]:

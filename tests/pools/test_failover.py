@@ -12,8 +12,19 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.pools.pool_stack import (IN_FLIGHT_S, MODEL, StreamRecord, completed, kill_worker_under_load, pools,
-                                   start_pool_stack, stream, wait_for)
+from rollout_server.harness.pool_stack import (
+    IN_FLIGHT_S,
+    MODEL,
+    StreamRecord,
+    completed,
+    kill_worker_under_load,
+    pools,
+    start_pool_stack,
+    stream,
+    wait_for,
+)
+
+pytestmark = pytest.mark.stack
 
 POOLS = """
 [pools.ha]

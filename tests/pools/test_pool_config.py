@@ -2,11 +2,12 @@
 
 import pytest
 
-from engine.pool_config import DEFAULT_POOL, PoolConfig, PoolFileError, load_pools, pool_ports
+from engine.ids import DEFAULT_POOL
+from engine.supervisor.pool_config import PoolConfig, PoolFileError, load_pools, pool_ports
+from finetune_deploy.served_models import ModelTable
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError
-from rollout_server.pool_access import reachable_pools, route
-from rollout_server.served_models import ModelTable
+from rollout_server.pool_access import reachable_pools, target
 
 POOLS = """
 [pools.team-a]
@@ -67,20 +68,20 @@ def who(team: str, admin: bool = False) -> Principal:
 
 
 def test_a_team_is_served_by_its_reserved_pool_and_others_by_the_default_pool():
-    assert route("tiny", who("team-a"), CONFIGS, MODELS).pool == "team-a"
-    assert route("tiny", who("team-b"), CONFIGS, MODELS).pool == DEFAULT_POOL
-    assert route("tiny@burst", who("team-b"), CONFIGS, MODELS) == route("tiny@burst", who("team-a"), CONFIGS, MODELS)
-    assert route("tiny@burst", who("team-b"), CONFIGS, MODELS).model == "tiny"
+    assert target("tiny", who("team-a"), CONFIGS, MODELS).pool == "team-a"
+    assert target("tiny", who("team-b"), CONFIGS, MODELS).pool == DEFAULT_POOL
+    assert target("tiny@burst", who("team-b"), CONFIGS, MODELS) == target("tiny@burst", who("team-a"), CONFIGS, MODELS)
+    assert target("tiny@burst", who("team-b"), CONFIGS, MODELS).model.id == "tiny"
 
 
 def test_another_teams_reserved_pool_is_403_and_unknown_pools_or_models_404():
     with pytest.raises(APIError) as refused:
-        route("tiny@team-a", who("team-b"), CONFIGS, MODELS)
+        target("tiny@team-a", who("team-b"), CONFIGS, MODELS)
     assert (refused.value.status, refused.value.param, refused.value.code) == (403, "model", "pool_reserved")
-    assert route("tiny@team-a", who("ops", admin=True), CONFIGS, MODELS).pool == "team-a"
+    assert target("tiny@team-a", who("ops", admin=True), CONFIGS, MODELS).pool == "team-a"
     for model in ("tiny@nowhere", "other@burst"):
         with pytest.raises(APIError) as missing:
-            route(model, who("team-a"), CONFIGS, MODELS)
+            target(model, who("team-a"), CONFIGS, MODELS)
         assert missing.value.status == 404 and missing.value.param == "model"
 
 

@@ -10,8 +10,10 @@ import time
 import httpx
 import pytest
 
-from tests.pools.pool_stack import MODEL, auth, chat, pools, start_pool_stack, wait_for
-from tests.stack_harness import REPO
+from rollout_server.harness.pool_stack import MODEL, auth, chat, pools, start_pool_stack, wait_for
+from rollout_server.harness.stack import REPO
+
+pytestmark = pytest.mark.stack
 
 POOLS = """
 [pools.team-a]

@@ -1,7 +1,7 @@
 import pytest
 
+from rollout_server.tiny_model.builder import CHAT_TEMPLATE as TINY_MODEL_TEMPLATE
 from rollout_server.tool_calls import FORMATS, format_by_name, format_for_chat_template
-from rollout_server.tiny_model import CHAT_TEMPLATE as TINY_MODEL_TEMPLATE
 
 # The tool-call part of Qwen3-Coder's template (abridged).
 QWEN3_CODER_TEMPLATE = (

@@ -1,7 +1,8 @@
 """Required mode admits calls only; XML values lose exactly one formatting whitespace character per side."""
 
-from rollout_server.tool_calls import format_by_name
 from tool_call_helpers import function_tool, grammar_accepts, render_hermes
+
+from rollout_server.tool_calls import format_by_name
 
 TOOLS = [function_tool("f", {"a": {"type": "integer"}}, ["a"]), function_tool("g", {"s": {"type": "string"}}, ["s"])]
 

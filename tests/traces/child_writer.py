@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from trace_factory import make_record  # noqa: E402
 
 from trace_pipeline.capture import TraceCapture  # noqa: E402
-from trace_pipeline.config import TraceSettings  # noqa: E402
+from trace_pipeline.settings import TraceSettings  # noqa: E402
 
 PRODUCERS = 16
 

@@ -6,7 +6,7 @@ from trace_factory import make_record
 
 from trace_pipeline import codec
 from trace_pipeline.capture import TraceCapture
-from trace_pipeline.config import TraceSettings
+from trace_pipeline.settings import TraceSettings
 from trace_pipeline.store import TraceStore
 from trace_pipeline.wal import read_frames
 

@@ -3,10 +3,10 @@ no logprobs (the engine was not asked for them), and its turn exports to RL with
 
 import numpy as np
 
-from engine.frontend_client import SampledToken
-from rollout_server.generation import ChoiceResult, FinishedGeneration
+from engine.contract import SampledToken
+from rollout_server.serving.finished import ChoiceResult, FinishedGeneration
 from rollout_server.tracing import trace_records
-from trace_pipeline.config import TraceSettings
+from trace_pipeline.settings import TraceSettings
 from trace_pipeline.stitching import Turn, assemble
 
 

@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from trace_pipeline.capture import TraceCapture
-from trace_pipeline.config import TraceSettings
+from trace_pipeline.settings import TraceSettings
 
 CHILD = Path(__file__).parent / "child_writer.py"
 ACKS_BEFORE_KILL = 1500

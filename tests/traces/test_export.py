@@ -2,11 +2,11 @@ import datasets
 import pytest
 from trace_factory import make_record
 
+from rollout_server.cli import main as cli_main
 from trace_pipeline.capture import TraceCapture
-from trace_pipeline.cli import main as cli_main
-from trace_pipeline.config import TraceSettings
 from trace_pipeline.export import export
 from trace_pipeline.rewards import RewardInput, attach_rewards
+from trace_pipeline.settings import TraceSettings
 
 T0 = 1_700_000_000.0
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "adds",

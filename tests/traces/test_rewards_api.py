@@ -3,9 +3,9 @@ from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from trace_factory import make_record
 
-from trace_pipeline.api import rewards_router
+from rollout_server.routes.rewards import rewards_router
 from trace_pipeline.capture import TraceCapture
-from trace_pipeline.config import TraceSettings
+from trace_pipeline.settings import TraceSettings
 
 
 async def team_from_header(request: Request) -> str:

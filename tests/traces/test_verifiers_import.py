@@ -2,7 +2,7 @@ import json
 
 import datasets
 
-from trace_pipeline.cli import main as cli_main
+from rollout_server.cli import main as cli_main
 from trace_pipeline.export import export, import_verifiers
 
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]

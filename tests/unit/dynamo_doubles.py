@@ -1,14 +1,15 @@
 """Test doubles of Dynamo's frontend: a local server for a /v1/completions handler, and the front door's client
-of it (engine/frontend_client.py); a response body handed over in given pieces."""
+of it (engine/client/dynamo_http.py); a response body handed over in given pieces."""
 
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 
-from engine.frontend_client import DynamoFrontendClient, EngineRequest
+from engine.client.dynamo_http import DynamoFrontendClient
+from engine.contract import EngineRequest
 
-ONE_TOKEN_REQUEST = EngineRequest(model="m", request_id="r", prompt_token_ids=[1, 2], max_tokens=1, sampling={})
+ONE_TOKEN_REQUEST = EngineRequest(model="m", request_id="r", prompt_token_ids=[1, 2], max_tokens=1)
 
 
 @asynccontextmanager

@@ -7,32 +7,32 @@ import threading
 import pytest
 from fastapi.testclient import TestClient
 
-from engine.frontend_client import DynamoFrontendClient
-from engine.pool_config import PoolConfig
-from engine.pools import Deployment, Pool, PoolSet
-from engine.routing import PoolRouter
+from engine.client.dispatch import Dispatcher
+from engine.client.dynamo_http import DynamoFrontendClient
+from engine.supervisor.pool_config import PoolConfig
+from engine.supervisor.pools import Deployment, Pool, PoolSet
+from finetune_deploy.served_models import ModelTable
 from rollout_server.app import AppState, create_app
 from rollout_server.auth import Authenticator, KeyStore, open_database
-from rollout_server.generation import ServingContext
+from rollout_server.harness.stack import create_key, free_port_block
 from rollout_server.metrics import Metrics
-from rollout_server.served_models import ModelTable
+from rollout_server.serving.context import ServingContext
 from rollout_server.settings import Settings
-from rollout_server.tiny_model import ensure_tiny_model
 from rollout_server.tokenizer import ModelTokenizer
-from tests.stack_harness import CACHE_DIR, create_key, free_port_block
+from tests.tiny_models import untrained_tiny_model
 from tests.usage.support import ManualClock
 
 
 @pytest.fixture(scope="module")
 def model_dir():
-    return ensure_tiny_model(0, CACHE_DIR / "models")
+    return untrained_tiny_model()
 
 
 def make_app(model_dir, database_url: str, clock=None) -> TestClient:
     settings = Settings(database_url=database_url)
     nowhere = f"http://127.0.0.1:{free_port_block(1)}"  # no engine listens here: requests must fail cleanly
     pool = Pool(PoolConfig(name="default", kind="shared"), [Deployment("default/0", None, DynamoFrontendClient(nowhere, 10), 1)])
-    client = PoolRouter(PoolSet(settings, [pool]), retry_delay_s=0.01)
+    client = Dispatcher(PoolSet(settings, [pool]), retry_delay_s=0.01)
     ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=client,
                          metrics=Metrics(), models=ModelTable("tiny-qwen2", 0, str(model_dir)), max_model_len=32768)
     auth = Authenticator(KeyStore(open_database(database_url)), recheck_s=2.0, clock=clock or ManualClock())

@@ -1,16 +1,15 @@
-"""engine/choice_text.py: a choice's text from its ids, ended at stop strings as vLLM and Dynamo end it."""
+"""engine/client/choice_text.py: a choice's text from its ids, ended at stop strings as vLLM and Dynamo end it."""
 
 import pytest
 from tokenizers import Tokenizer
 
-from engine.choice_text import ChoiceText
-from rollout_server.tiny_model import ensure_tiny_model
-from tests.stack_harness import CACHE_DIR
+from engine.client.choice_text import ChoiceText
+from tests.tiny_models import untrained_tiny_model
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Tokenizer:
-    return Tokenizer.from_file(str(ensure_tiny_model(0, CACHE_DIR / "models") / "tokenizer.json"))
+    return Tokenizer.from_file(str(untrained_tiny_model() / "tokenizer.json"))
 
 
 def stream(text: ChoiceText, ids: list[int], per_message: int = 1) -> tuple[str, list[int], bool]:

@@ -1,11 +1,11 @@
-"""engine/compute_dtype.py: float32 checkpoints stay float32 on CPUs that would emulate bfloat16."""
+"""engine/supervisor/compute_dtype.py: float32 checkpoints stay float32 on CPUs that would emulate bfloat16."""
 
 import json
 
 import pytest
 
-from engine import compute_dtype
-from engine.compute_dtype import checkpoint_dtype, cpu_has_native_bf16, kv_cache_dtype, worker_dtype
+from engine.supervisor import compute_dtype
+from engine.supervisor.compute_dtype import checkpoint_dtype, cpu_has_native_bf16, kv_cache_dtype, worker_dtype
 
 AVX2_ONLY = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n\nprocessor\t: 1\n"
 SAPPHIRE_RAPIDS = "flags\t\t: avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"

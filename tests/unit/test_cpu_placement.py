@@ -1,7 +1,7 @@
-"""Where a CPU stack's processes run (engine/cpu_placement.py); the real stack is checked in
+"""Where a CPU stack's processes run (engine/supervisor/cpu_placement.py); the real stack is checked in
 tests/api/test_lifecycle.py."""
 
-from engine.cpu_placement import host_cores
+from engine.supervisor.cpu_placement import host_cores
 
 
 def test_host_processes_get_the_cores_no_engine_uses():

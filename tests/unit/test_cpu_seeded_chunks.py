@@ -1,4 +1,4 @@
-"""engine/cpu_seeded_chunks.py on a test double of vLLM's model runner: the generator of a request whose
+"""engine/worker/cpu_seeded_chunks.py on a test double of vLLM's model runner: the generator of a request whose
 sample is thrown away (a partial prefill step) ends the step as it began; the others advance. The real
 engine is exercised by tests/api/test_openai_api.py (a seeded long prompt, chunked and cached)."""
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.cpu_seeded_chunks import _restoring_discarded_generators, _without_discarded_generators
+from engine.worker.cpu_seeded_chunks import _restoring_discarded_generators, _without_discarded_generators
 
 
 class RunnerDouble:

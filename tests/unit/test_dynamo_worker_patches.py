@@ -1,4 +1,4 @@
-"""engine/dynamo_worker.py: Dynamo's worker keeps each logprob entry's id and logprob but decodes no text, and
+"""engine/worker/dynamo_worker.py: Dynamo's worker keeps each logprob entry's id and logprob but decodes no text, and
 leaves out "top logprobs" that only repeat the sampled tokens; vLLM's settings are cached once the engine is up;
 the engine is warmed up before the worker registers."""
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from vllm.logprobs import Logprob
 
-from engine import dynamo_worker
+from engine.worker import dynamo_worker
 
 
 class CountingTokenizer:  # test double: Dynamo swallows a tokenizer's errors, so calls are counted instead
@@ -48,7 +48,6 @@ def test_top_logprobs_that_only_repeat_the_sampled_tokens_are_left_out():
 
 def test_vllm_settings_are_cached_once_the_engine_is_set_up(monkeypatch):
     import vllm.envs
-
     from dynamo.vllm import main as dynamo_main
 
     monkeypatch.setattr(dynamo_main, "setup_vllm_engine", lambda *args, **kwargs: "engine")

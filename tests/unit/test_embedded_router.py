@@ -1,23 +1,25 @@
-"""engine/embedded_router.py without a stack: the request Dynamo's router and worker get, session pins, errors."""
+"""engine/client/embedded_router.py without a stack: the request Dynamo's router and worker get, session pins, errors."""
 
 import asyncio
 import time
 
 import pytest
 
-from engine.embedded_router import SessionPins, _engine_error, _Silence, preprocessed_request
-from engine.frontend_client import EngineRequest
+from engine.client.embedded_router import _engine_error, _Silence, preprocessed_request
+from engine.contract import EngineRequest, GuidedDecoding, SamplingParams
+from engine.errors import EngineUnavailable, RequestRejected
+from engine.sessions import SessionPins
 
 
 def request(**fields) -> EngineRequest:
-    defaults = dict(model="tiny-qwen2", request_id="r1", prompt_token_ids=[5, 6, 7], max_tokens=9, sampling={})
+    defaults = dict(model="tiny-qwen2", request_id="r1", prompt_token_ids=[5, 6, 7], max_tokens=9)
     return EngineRequest(**{**defaults, **fields})
 
 
 def test_the_request_carries_what_the_worker_needs_to_sample():
-    req = request(sampling={"temperature": 0.5, "seed": 3, "n": 2, "stop": ["x"], "stop_token_ids": [11],
-                            "min_tokens": 2, "include_stop_str_in_output": True},
-                  top_logprobs=2, guided={"guided_grammar": "root ::= \"a\""}, stream_interval=8, cache_salt="salt")
+    req = request(sampling=SamplingParams(temperature=0.5, seed=3, n=2, stop=["x"], stop_token_ids=[11], min_tokens=2,
+                                          include_stop_str_in_output=True),
+                  top_logprobs=2, guided=GuidedDecoding("grammar", "root ::= \"a\""), stream_interval=8, cache_salt="salt")
     body = preprocessed_request(req, eos_token_ids=[2], adapter=False)
     assert body["token_ids"] == [5, 6, 7] and body["model"] == "tiny-qwen2"
     assert body["stop_conditions"] == {"max_tokens": 9, "min_tokens": 2, "ignore_eos": None, "stop_token_ids": [11],
@@ -30,7 +32,7 @@ def test_the_request_carries_what_the_worker_needs_to_sample():
 
 
 def test_logprobs_are_asked_only_when_wanted_and_eos_is_not_a_stop_with_ignore_eos():
-    plain = preprocessed_request(request(logprobs=False, sampling={"ignore_eos": True}), [2], adapter=True)
+    plain = preprocessed_request(request(logprobs=False, sampling=SamplingParams(ignore_eos=True)), [2], adapter=True)
     assert plain["output_options"] == {"logprobs": None}
     assert plain["stop_conditions"]["stop_token_ids_hidden"] is None
     assert plain["routing"] == {"lora_name": "tiny-qwen2"} and "annotations" not in plain
@@ -39,7 +41,7 @@ def test_logprobs_are_asked_only_when_wanted_and_eos_is_not_a_stop_with_ignore_e
 
 def test_a_session_stays_pinned_until_it_idles_past_the_ttl(monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr("engine.embedded_router.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("engine.sessions.time.monotonic", lambda: clock[0])
     pins = SessionPins(ttl_s=10)
     pins.pin("a", 1)
     pins.pin("b", 2)
@@ -62,13 +64,14 @@ def test_past_its_size_the_least_recently_used_session_is_forgotten():
     assert (pins.worker_of("a"), pins.worker_of("b"), pins.worker_of("c")) == (1, None, 3)
 
 
-def test_a_refusal_the_worker_gives_keeps_its_status_and_anything_else_is_a_503():
+def test_a_refusal_the_worker_gives_keeps_its_status_and_anything_else_is_unavailable():
     refused = _engine_error(ValueError('InvalidRequest: {"message":"n must be 1 when using greedy sampling","code":400}'),
                             request())
+    assert isinstance(refused, RequestRejected)
     assert (refused.status, refused.message) == (400, "n must be 1 when using greedy sampling")
-    assert _engine_error(ValueError('{"message":"worker failed","code":500}'), request()).status == 503
-    assert _engine_error(RuntimeError("no endpoints available to route work"), request()).status == 503
-    assert _engine_error(RuntimeError("broken {not json"), request()).status == 503
+    assert isinstance(_engine_error(ValueError('{"message":"worker failed","code":500}'), request()), EngineUnavailable)
+    assert isinstance(_engine_error(RuntimeError("no endpoints available to route work"), request()), EngineUnavailable)
+    assert isinstance(_engine_error(RuntimeError("broken {not json"), request()), EngineUnavailable)
 
 
 class StalledStream:

@@ -1,6 +1,6 @@
-"""engine/frontend_client.py turns Dynamo's completion chunks into sampled tokens with their logprobs."""
+"""engine/client/dynamo_http.py turns Dynamo's completion chunks into sampled tokens with their logprobs."""
 
-from engine.frontend_client import _parse_chunk
+from engine.client.dynamo_http import _parse_chunk
 
 
 def _chunk(top_logprobs: list) -> dict:
@@ -22,6 +22,6 @@ def test_alternatives_come_sorted_by_logprob():
 
 
 def test_a_position_without_its_list_held_the_sampled_token_alone():
-    # Our worker leaves out lists that only repeat the sampled tokens (engine/dynamo_worker.py): asked for
+    # Our worker leaves out lists that only repeat the sampled tokens (engine/worker/dynamo_worker.py): asked for
     # one alternative, the sampled token was the most likely one.
     assert _tokens(_chunk([]), 1) == [(7, -0.5, [(7, -0.5)]), (9, -0.25, [(9, -0.25)])]

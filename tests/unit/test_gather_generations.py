@@ -1,9 +1,9 @@
-"""`gather_generations` (rollout_server/generation.py): a request's one generation runs in the request's own task
+"""`gather_generations` (rollout_server/serving/generation.py): a request's one generation runs in the request's own task
 (no hand-off through another task's end); several run side by side, their results in prompt order."""
 
 import asyncio
 
-from rollout_server.generation import gather_generations
+from rollout_server.serving.generation import gather_generations
 
 
 class GenerationStub:

@@ -7,8 +7,8 @@ from fastapi.testclient import TestClient
 
 from rollout_server.auth import Authenticator, KeyStore, open_database
 from rollout_server.generation_routes import GenerationRoute, GenerationRoutes
+from rollout_server.harness.stack import create_key
 from rollout_server.protocol import CompletionRequest
-from tests.stack_harness import create_key
 
 BODY = {"model": "tiny-qwen2", "prompt": "hi", "max_tokens": 3}
 

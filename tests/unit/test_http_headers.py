@@ -2,7 +2,7 @@ from urllib.parse import unquote
 
 import pytest
 
-from rollout_server.http_headers import header_value
+from engine.http_headers import header_value
 
 
 @pytest.mark.parametrize("text", ["sess-0123", "team a/run 7: turn 3"])

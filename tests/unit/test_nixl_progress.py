@@ -1,15 +1,15 @@
-"""engine/nixl_progress.py on a real NIXL agent: with the switch off, the agent starts no progress
+"""engine/worker/nixl_progress.py on a real NIXL agent: with the switch off, the agent starts no progress
 thread and an idle agent uses no CPU (with NIXL's default, its progress thread spins)."""
 
 import json
 import subprocess
 import sys
 
-from tests.stack_harness import REPO
+from rollout_server.harness.stack import REPO
 
 PROBE = """
 import json, os, sys, time
-from engine.nixl_progress import SWITCH, register
+from engine.worker.nixl_progress import SWITCH, register
 if sys.argv[1] == "off":
     os.environ[SWITCH] = "off"
 register()

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from engine.kv_tier.settings import KvTierSettings
-from engine.ports import ephemeral_range, is_free, ports_in_use
-from engine.stack import Stack, StackStartError
-from rollout_server.settings import Settings
-from tests.stack_harness import REPO, free_port_block
+from engine.settings import EngineSettings
+from engine.supervisor.ports import ephemeral_range, is_free, ports_in_use
+from engine.supervisor.stack import Stack, StackStartError
+from rollout_server.harness.stack import REPO, free_port_block
 
 
 @pytest.fixture
@@ -40,12 +40,11 @@ def test_test_ports_lie_below_the_ephemeral_range():
 
 def test_a_stack_whose_tier_port_is_taken_starts_nothing_and_names_the_port(listening_port, tmp_path):
     base = free_port_block(8, start=28000)
-    settings = Settings(state_dir=tmp_path, frontend_port=base, worker_system_base_port=base + 1,
-                        kv_events_base_port=base + 2, workers=1,
-                        kv_tier=KvTierSettings(enabled=True, port_base=listening_port))
-    stack = Stack(settings, Path("unused-model"), "tiny-qwen2")
+    settings = EngineSettings(frontend_port=base, worker_system_base_port=base + 1, kv_events_base_port=base + 2,
+                              workers=1, kv_tier=KvTierSettings(enabled=True, port_base=listening_port))
+    stack = Stack(settings, Path("unused-model"), "tiny-qwen2", state_dir=tmp_path, cache_dir=tmp_path)
     with pytest.raises(StackStartError, match=rf"{listening_port} \(KV tier master \(kv_tier.port_base\)\)"):
-        stack.start(wait=False)
+        stack.start()
     assert stack.children == []
 
 

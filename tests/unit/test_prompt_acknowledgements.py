@@ -1,4 +1,4 @@
-"""The front door acknowledges Dynamo's response segments at once (engine/frontend_client.py,
+"""The front door acknowledges Dynamo's response segments at once (engine/client/dynamo_http.py,
 `_acknowledge_promptly`): a server that leaves Nagle's algorithm on, as Dynamo's frontend does, would
 otherwise hold each streamed request's first token until the client's delayed acknowledgement."""
 
@@ -8,7 +8,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from engine import frontend_client
+from engine.client import dynamo_http
 from tests.unit.dynamo_doubles import ONE_TOKEN_REQUEST, client_of
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "TCP_QUICKACK"), reason="TCP_QUICKACK is Linux's")
@@ -43,7 +43,7 @@ async def two_requests(dynamo: DynamoDouble) -> list[int]:
 def test_every_response_is_acknowledged_promptly(monkeypatch):
     async def run():
         dynamo = DynamoDouble()
-        acknowledge = frontend_client._acknowledge_promptly
+        acknowledge = dynamo_http._acknowledge_promptly
 
         def acknowledge_from_delayed_mode(resp):
             sock = resp.connection.transport.get_extra_info("socket")
@@ -52,7 +52,7 @@ def test_every_response_is_acknowledged_promptly(monkeypatch):
             ack_modes.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK))
             dynamo.headers_seen.set()
 
-        monkeypatch.setattr(frontend_client, "_acknowledge_promptly", acknowledge_from_delayed_mode)
+        monkeypatch.setattr(dynamo_http, "_acknowledge_promptly", acknowledge_from_delayed_mode)
         return await two_requests(dynamo)
 
     ack_modes = []

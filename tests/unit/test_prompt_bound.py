@@ -6,12 +6,12 @@ import random
 import pytest
 
 from rollout_server.tokenizer import ModelTokenizer
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import untrained_tiny_model
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> ModelTokenizer:
-    return ModelTokenizer(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    return ModelTokenizer(untrained_tiny_model())
 
 
 def texts(tokenizer: ModelTokenizer) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Failover in the front door (engine/routing.py): a request refused before any output is sent again,
+"""Failover in the front door (engine/client/dispatch.py): a request refused before any output is sent again,
 to another deployment of its pool when there is one; a stream that already produced tokens never is.
 Dynamo's frontends are scripted local HTTP servers here (test doubles; the deployments' stacks are test
 doubles too, and no supervisor runs); the real cases (a worker or a whole
@@ -17,14 +17,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.frontend_client import DynamoFrontendClient, EngineRequest
-from engine.pool_config import PoolConfig
-from engine.pools import Deployment, Pool, PoolSet, session_slot
-from engine.routing import PoolRouter
-from engine.worker_control import WorkerControlError, WorkerHandle
-from rollout_server.errors import APIError
-from rollout_server.settings import Settings
-from tests.stack_harness import REPO
+from engine.client.dispatch import Dispatcher
+from engine.client.dynamo_http import DynamoFrontendClient
+from engine.contract import EngineRequest
+from engine.errors import EngineUnavailable, RequestRejected
+from engine.sessions import deployment_slot
+from engine.settings import EngineSettings
+from engine.supervisor.pool_config import PoolConfig
+from engine.supervisor.pools import Deployment, Pool, PoolSet
+from engine.supervisor.worker_control import WorkerControlError, WorkerHandle
+from rollout_server.harness.stack import REPO
 
 TOKEN = {"choices": [{"index": 0, "text": "a", "finish_reason": "length",
                       "logprobs": {"tokens": ["token_id:7"], "token_logprobs": [-0.5], "top_logprobs": [{}]}}]}
@@ -36,7 +38,7 @@ def sse(*payloads: dict, done: bool = True) -> bytes:
 
 
 def request(session: str = "s1") -> EngineRequest:
-    return EngineRequest(model="tiny", request_id="r1", prompt_token_ids=[1, 2, 3], max_tokens=1, sampling={},
+    return EngineRequest(model="tiny", request_id="r1", prompt_token_ids=[1, 2, 3], max_tokens=1,
                          session_id=session, pool="p")
 
 
@@ -90,7 +92,7 @@ class UnreachableFirst(aiohttp.TCPConnector):
 
 
 class StackDouble:
-    """Test double for a deployment's Stack: no process of it has crashed, unless `dead`; a restart takes
+    """Test double for a deployment's Stack and its StackHealth: no process of it has crashed, unless `dead`; a restart takes
     `restart_s` (a loaded machine)."""
 
     def __init__(self, dead: bool = False, restart_s: float = 0.0):
@@ -135,17 +137,18 @@ class StackLosingASecondWorkerDuringTheRestart(StackDouble):
 
 
 def deployment(name: str, fake: FakeDynamoFrontend, ready: int = 1, connector=None, stack=None) -> Deployment:
-    return Deployment(name, stack=stack or StackDouble(), client=DynamoFrontendClient(fake.url, connector=connector),
-                      ready_workers=ready)
+    stack = stack or StackDouble()
+    return Deployment(name, stack=stack, client=DynamoFrontendClient(fake.url, connector=connector),
+                      ready_workers=ready, health=stack)
 
 
 def run(pool: Pool, req: EngineRequest | None = None, retries: int = 3, during=None, between=None,
         retry_delay_s: float = 0.01) -> list:
-    """Sends `req` (a list: one after the other, `between(i)` before the i-th) through a PoolRouter."""
+    """Sends `req` (a list: one after the other, `between(i)` before the i-th) through a Dispatcher."""
     requests = req if isinstance(req, list) else [req or request()]
 
     async def go():
-        router = PoolRouter(PoolSet(Settings(), [pool]), retries=retries, retry_delay_s=retry_delay_s)
+        router = Dispatcher(PoolSet(EngineSettings(), [pool]), retries=retries, retry_delay_s=retry_delay_s)
         side = asyncio.create_task(during()) if during else None
         try:
             chunks = []
@@ -176,11 +179,11 @@ def test_a_refusal_before_output_is_sent_again():
     assert fake.calls == 3
 
 
-def test_refusals_past_the_retry_budget_reach_the_client_as_503():
+def test_refusals_past_the_retry_budget_reach_the_caller_as_unavailable():
     fake = FakeDynamoFrontend(REFUSED, REFUSED, REFUSED)
-    with pytest.raises(APIError) as refused:
+    with pytest.raises(EngineUnavailable):
         run(one_deployment_pool(fake), retries=2)
-    assert fake.calls == 3 and refused.value.status == 503 and refused.value.code == "service_unavailable"
+    assert fake.calls == 3
 
 
 def test_a_connection_that_was_never_made_is_tried_again():
@@ -204,7 +207,7 @@ def test_a_worker_that_dies_before_its_first_token_is_retried():
 
 def test_a_bad_request_is_not_retried():
     fake = FakeDynamoFrontend((400, {"message": "no"}), (200, sse(TOKEN)))
-    with pytest.raises(APIError) as refused:
+    with pytest.raises(RequestRejected) as refused:
         run(one_deployment_pool(fake))
     assert fake.calls == 1 and refused.value.status == 400
 
@@ -213,7 +216,7 @@ def test_a_request_the_engine_refuses_in_its_stream_is_a_client_error_not_retrie
     # What Dynamo streams when vLLM refuses a request it had accepted (e.g. its sampling parameters).
     refused_in_stream = {"message": "Invalid request", "type": "invalid_request_error", "code": 400}
     fake = FakeDynamoFrontend((200, sse(refused_in_stream)), (200, sse(TOKEN)))
-    with pytest.raises(APIError) as refused:
+    with pytest.raises(RequestRejected) as refused:
         run(one_deployment_pool(fake))
     assert fake.calls == 1 and refused.value.status == 400 and "Invalid request" in refused.value.message
 
@@ -228,16 +231,16 @@ def test_a_deployment_that_lost_its_workers_or_failed_before_output_is_retried(s
 @pytest.mark.parametrize("broken", [sse(TOKEN, {"error": "worker died"}), sse(TOKEN, done=False)])
 def test_a_stream_that_fails_after_output_is_not_sent_again(broken):
     fake = FakeDynamoFrontend((200, broken), (200, sse(TOKEN)))
-    with pytest.raises(APIError) as failed:
+    with pytest.raises(EngineUnavailable):
         run(one_deployment_pool(fake))
-    assert fake.calls == 1 and failed.value.status == 503
+    assert fake.calls == 1
 
 
 def test_a_refused_request_fails_over_to_the_other_deployment_at_once():
     down, up = FakeDynamoFrontend(REFUSED), FakeDynamoFrontend((200, sse(TOKEN)))
     pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", down), deployment("p/1", up)])
     # Both look healthy; whichever the session hashes to first, the request ends on p/1.
-    sessions = [s for s in (f"s{i}" for i in range(50)) if session_slot(s, 2) == 0]
+    sessions = [s for s in (f"s{i}" for i in range(50)) if deployment_slot(s, 2) == 0]
     started = time.monotonic()
     assert token_ids(run(pool, request(sessions[0]), retry_delay_s=30)) == [7]
     assert time.monotonic() - started < 10, "failover waited for the pause between rounds of retries"
@@ -251,7 +254,7 @@ def test_a_deployment_counts_the_requests_streaming_from_it():
     seen = []
 
     async def go():
-        router = PoolRouter(PoolSet(Settings(), [pool]))
+        router = Dispatcher(PoolSet(EngineSettings(), [pool]))
         try:
             async for _ in router.stream(request()):
                 seen.append(pool.deployments[0].in_flight)
@@ -290,7 +293,7 @@ def test_a_deployment_with_a_dead_process_leaves_rotation_before_its_slow_restar
     pool = Pool(PoolConfig(name="p", kind="shared"), [deployment("p/0", fake, stack=crashed)])
 
     async def check():
-        pools = PoolSet(Settings(), [pool])
+        pools = PoolSet(EngineSettings(), [pool])
         checking = asyncio.create_task(pools.check_once())
         await asyncio.sleep(0.2)
         in_rotation_during_restart = pool.deployments[0].healthy
@@ -313,7 +316,7 @@ def test_a_restarted_worker_loads_the_served_adapters_and_a_failed_load_does_not
             raise WorkerControlError("worker-0: adapter file missing")
 
     async def checks() -> list[tuple[bool, int]]:
-        pools = PoolSet(Settings(), [pool])
+        pools = PoolSet(EngineSettings(), [pool])
         pools.prepare_workers = load_adapters
         seen = []
         for _ in range(3):  # the restart; the check that finds the worker ready; one more
@@ -345,7 +348,7 @@ def test_a_session_stays_on_one_deployment_and_unhealthy_ones_get_nothing():
 def test_a_session_maps_to_the_same_deployment_in_every_front_door_process():
     """Python's hash() of a string changes with each process (PYTHONHASHSEED): a front door restart must
     not move sessions away from their KV."""
-    script = "from engine.pools import session_slot; print([session_slot(f's{i}', 2) for i in range(32)])"
+    script = "from engine.sessions import deployment_slot; print([deployment_slot(f's{i}', 2) for i in range(32)])"
     slots = {subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONHASHSEED": seed}, cwd=REPO,
                             capture_output=True, text=True, check=True).stdout for seed in ("1", "2", "3")}
     assert len(slots) == 1
@@ -367,12 +370,12 @@ def test_a_serverless_pool_at_zero_holds_the_request_until_its_worker_is_ready()
     assert pool.waiting == 0 and fake.calls == 1
 
 
-def test_a_cold_start_that_takes_too_long_is_a_503_naming_the_pool():
+def test_a_cold_start_that_takes_too_long_is_unavailable_naming_the_pool():
     pool = Pool(PoolConfig(name="p", kind="serverless", cold_start_timeout_s=0.3),
                 [deployment("p/0", FakeDynamoFrontend(), ready=0)])
-    with pytest.raises(APIError) as late:
+    with pytest.raises(EngineUnavailable) as late:
         run(pool)
-    assert late.value.status == 503 and "pool p" in late.value.message and pool.waiting == 0
+    assert "pool p" in late.value.message and pool.waiting == 0
 
 
 class CrashingStackDouble:
@@ -386,10 +389,10 @@ def test_a_cold_start_whose_worker_crashes_fails_at_once_naming_it():
     pool = Pool(PoolConfig(name="p", kind="serverless", cold_start_timeout_s=60),
                 [Deployment("p/0", CrashingStackDouble(), DynamoFrontendClient("http://p0"), ready_workers=0)])
     started = time.monotonic()
-    with pytest.raises(APIError) as crashed:
+    with pytest.raises(EngineUnavailable) as crashed:
         run(pool)
     assert time.monotonic() - started < 5, "it waited for the cold-start timeout"
-    assert crashed.value.status == 503 and "exit code 1" in crashed.value.message and pool.waiting == 0
+    assert "exit code 1" in crashed.value.message and pool.waiting == 0
 
 
 def test_every_restarted_worker_loads_the_served_adapters_also_one_that_died_during_the_restart():
@@ -401,7 +404,7 @@ def test_every_restarted_worker_loads_the_served_adapters_also_one_that_died_dur
         loads.append([w.index for w in workers])
 
     async def checks() -> None:
-        pools = PoolSet(Settings(), [pool])
+        pools = PoolSet(EngineSettings(), [pool])
         pools.prepare_workers = load_adapters
         for _ in range(2):  # the restart; the check that finds both workers ready
             await pools.check_once()

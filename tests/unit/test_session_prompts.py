@@ -14,7 +14,7 @@ from rollout_server.session_prompts import SessionPrompts, cut_markers_of, sessi
 from rollout_server.tokenization import tokenize
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tool_calls.grammar_cache import GrammarCache
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import untrained_tiny_model
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
@@ -23,7 +23,7 @@ TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "
 
 @lru_cache(maxsize=None)
 def tokenizer(session_prompt_tokens: int = 1_000_000) -> ModelTokenizer:
-    return ModelTokenizer(CACHE_DIR / "models" / "tiny-qwen2-v0", session_prompt_tokens)
+    return ModelTokenizer(untrained_tiny_model(), session_prompt_tokens)
 
 
 def agent_turns(n: int) -> list[list[dict]]:

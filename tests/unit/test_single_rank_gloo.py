@@ -1,4 +1,4 @@
-"""engine/single_rank_gloo.py: a process's single-rank gloo groups share one transport device, so one loop
+"""engine/worker/single_rank_gloo.py: a process's single-rank gloo groups share one transport device, so one loop
 thread wakes every 10 ms instead of one per group, and collectives on every group still work. Each case
 runs in a fresh interpreter: torch.distributed's state belongs to the process."""
 
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import os, sys, tempfile
 import torch, torch.distributed as dist
-from engine.single_rank_gloo import share_one_device_among_single_rank_groups
+from engine.worker.single_rank_gloo import share_one_device_among_single_rank_groups
 if sys.argv[1] == "shared":
     share_one_device_among_single_rank_groups()
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)

@@ -11,7 +11,7 @@ from rollout_server.completions import _prompts_as_ids
 from rollout_server.protocol import TokenizeRequest
 from rollout_server.tokenization import tokenize
 from rollout_server.tokenizer import ModelTokenizer
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import untrained_tiny_model
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 NOBODY = Principal("team", None, is_admin=False)
@@ -19,7 +19,7 @@ NOBODY = Principal("team", None, is_admin=False)
 
 def tokenizer_with_bos() -> tuple[ModelTokenizer, int]:
     """The tiny model's tokenizer, made to put <|endoftext|> before every text as a Llama-style BOS."""
-    tokenizer = ModelTokenizer(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    tokenizer = ModelTokenizer(untrained_tiny_model())
     bos = tokenizer.hf.convert_tokens_to_ids("<|endoftext|>")
     tokenizer.hf.backend_tokenizer.post_processor = processors.TemplateProcessing(
         single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])

@@ -1,9 +1,9 @@
-"""engine/frontend_client.py reads Dynamo's server-sent events in whatever pieces the network delivers."""
+"""engine/client/dynamo_http.py reads Dynamo's server-sent events in whatever pieces the network delivers."""
 
 import asyncio
 import random
 
-from engine.frontend_client import _sse_events
+from engine.client.dynamo_http import _sse_events
 from tests.unit.dynamo_doubles import PiecesStubReader
 
 STREAM = (b'data: {"a": 1}\n\n'

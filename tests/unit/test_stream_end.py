@@ -1,4 +1,4 @@
-"""A request's answer is whole at the chunk that ends its last choice with the usage (engine/frontend_client.py,
+"""A request's answer is whole at the chunk that ends its last choice with the usage (engine/client/dynamo_http.py,
 `EngineChunk.final`): what Dynamo's frontend sends after it (a usage-only chunk and `[DONE]`, once its worker
 has closed the request's stream) is read off the request's way, and the connection is kept for the next."""
 
@@ -7,7 +7,7 @@ import json
 
 from aiohttp import web
 
-from engine.frontend_client import DynamoFrontendClient, _sse_chunks
+from engine.client.dynamo_http import DynamoFrontendClient, _sse_chunks
 from tests.unit.dynamo_doubles import ONE_TOKEN_REQUEST, PiecesStubReader, client_of
 
 USAGE = b'"usage":{"prompt_tokens":2,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":0}}'

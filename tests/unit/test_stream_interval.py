@@ -3,11 +3,12 @@
 from vllm import SamplingParams
 
 from engine import stream_interval
-from engine.frontend_client import DynamoFrontendClient, EngineRequest
+from engine.client.dynamo_http import DynamoFrontendClient
+from engine.contract import EngineRequest
 
 
 def request(interval: int) -> EngineRequest:
-    return EngineRequest(model="m", request_id="r", prompt_token_ids=[1, 2], max_tokens=4, sampling={},
+    return EngineRequest(model="m", request_id="r", prompt_token_ids=[1, 2], max_tokens=4,
                          stream_interval=interval)
 
 

@@ -1,14 +1,14 @@
-"""`streamed_answer` (rollout_server/generation.py): one piece per engine chunk; the chunk that makes the answer
+"""`streamed_answer` (rollout_server/serving/generation.py): one piece per engine chunk; the chunk that makes the answer
 whole carries the stream's end (usage when asked, [DONE]), so the response ends in one write, and the
 generation's bookkeeping runs only after the client has that piece."""
 
 import asyncio
 import json
 
-from engine.frontend_client import EngineChunk
+from engine.contract import EngineChunk
 from rollout_server.errors import unavailable
-from rollout_server.generation import sse, streamed_answer
 from rollout_server.protocol import StreamOptions
+from rollout_server.serving.streamed_answer import sse, streamed_answer
 
 DONE = b"data: [DONE]\n\n"
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}

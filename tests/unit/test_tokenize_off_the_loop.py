@@ -3,7 +3,7 @@
 import asyncio
 
 from rollout_server.tokenizer import INLINE_TOKENIZE_CHARS, ModelTokenizer, tokenize_off_the_loop
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import untrained_tiny_model
 
 # ~600k characters: about 0.3 s of tokenizing; inline, the event loop would not turn once meanwhile.
 LONG_TEXT = "def double(x):\n    return x * 2  # an agent's file, read again\n" * 10_000
@@ -29,7 +29,7 @@ async def _loop_turns_during(work) -> tuple[object, int]:
 
 
 def test_a_long_prompt_leaves_the_event_loop_free_and_tokenizes_the_same():
-    tokenizer = ModelTokenizer(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    tokenizer = ModelTokenizer(untrained_tiny_model())
     messages = [{"role": "user", "content": LONG_TEXT}]
     assert len(LONG_TEXT) > INLINE_TOKENIZE_CHARS
     ids, turns = asyncio.run(_loop_turns_during(
@@ -40,6 +40,6 @@ def test_a_long_prompt_leaves_the_event_loop_free_and_tokenizes_the_same():
 
 
 def test_a_short_prompt_is_tokenized_inline():
-    tokenizer = ModelTokenizer(CACHE_DIR / "models" / "tiny-qwen2-v0")
+    tokenizer = ModelTokenizer(untrained_tiny_model())
     ids, turns = asyncio.run(_loop_turns_during(tokenize_off_the_loop(5, lambda: tokenizer.encode("hello"))))
     assert ids == tokenizer.encode("hello") and turns == 0

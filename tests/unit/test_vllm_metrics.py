@@ -1,6 +1,6 @@
-"""engine/stack.py reads vLLM's Prometheus metrics: a metric's samples are summed over engines, filtered by label."""
+"""engine/supervisor/stack.py reads vLLM's Prometheus metrics: a metric's samples are summed over engines, filtered by label."""
 
-from engine.stack import metric_total
+from engine.supervisor.health import metric_total
 
 PAGE = """# HELP vllm:e2e_request_latency_seconds Histogram of e2e request latency in seconds.
 vllm:e2e_request_latency_seconds_sum{engine="0",model_name="tiny-qwen2"} 12.5

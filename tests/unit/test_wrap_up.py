@@ -1,4 +1,4 @@
-"""A generation's wrap-up (rollout_server/generation.py): a whole response goes out at the engine's final chunk;
+"""A generation's wrap-up (rollout_server/serving/generation.py): a whole response goes out at the engine's final chunk;
 the rest of the engine stream is read and the finish hooks (usage, quotas, traces) run after it, in a task the
 server waits for at shutdown. A stream that fails before its final chunk is still an error, with no hooks."""
 
@@ -7,20 +7,19 @@ import json
 
 import pytest
 
-from engine.frontend_client import ChoiceDelta, EngineChunk, EngineUsage, SampledToken
-from engine.pool_config import PoolConfig
-from engine.pools import Deployment, Pool, PoolSet
-from engine.routing import PoolRouter
+from engine.client.dispatch import Dispatcher
+from engine.contract import ChoiceDelta, EngineChunk, EngineUsage, SampledToken
+from engine.supervisor.pool_config import PoolConfig
+from engine.supervisor.pools import Deployment, Pool, PoolSet
+from finetune_deploy.served_models import ModelTable
 from rollout_server.app import AppState, create_app
 from rollout_server.auth import Authenticator, KeyStore, open_database
 from rollout_server.errors import unavailable
-from rollout_server.generation import ServingContext
 from rollout_server.metrics import Metrics
-from rollout_server.served_models import ModelTable
+from rollout_server.serving.context import ServingContext
 from rollout_server.settings import Settings
-from rollout_server.tiny_model import ensure_tiny_model
 from rollout_server.tokenizer import ModelTokenizer
-from tests.stack_harness import CACHE_DIR
+from tests.tiny_models import untrained_tiny_model
 
 BODY = {"model": "tiny-qwen2", "prompt": [5, 6, 7], "max_tokens": 2}
 
@@ -46,13 +45,13 @@ class EngineClientDouble:
 
 @pytest.fixture(scope="module")
 def model_dir():
-    return ensure_tiny_model(0, CACHE_DIR / "models")
+    return untrained_tiny_model()
 
 
 def serve(model_dir, tmp_path, log: list, **double) -> tuple:
     settings = Settings(database_url=f"sqlite:///{tmp_path / 'keys.db'}")
     deployment = Deployment("default/0", None, EngineClientDouble(log, **double), ready_workers=1)
-    client = PoolRouter(PoolSet(settings, [Pool(PoolConfig(name="default", kind="shared"), [deployment])]))
+    client = Dispatcher(PoolSet(settings, [Pool(PoolConfig(name="default", kind="shared"), [deployment])]))
     ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=client, metrics=Metrics(),
                          models=ModelTable("tiny-qwen2", 0, str(model_dir)), max_model_len=32768)
 
@@ -60,7 +59,7 @@ def serve(model_dir, tmp_path, log: list, **double) -> tuple:
         log.append(f"hook: {finished.completion_tokens} tokens")
 
     ctx.on_finish.append(hook)
-    app = create_app(AppState(ctx=ctx, auth=Authenticator(KeyStore(open_database(settings.database_url)))))
+    app = create_app(AppState(ctx=ctx, auth=Authenticator(KeyStore(open_database(settings.state.database_url)))))
     return app, ctx
 
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from rollout_server.batch_api import batches_router
 from rollout_server.batch_runner import BatchRunner
 from rollout_server.batches import BatchStore, LineResult, open_batch_database
 from rollout_server.errors import APIError
+from rollout_server.routes.batches import batches_router
 from tests.usage.support import as_team, client_for, principal_from_test_header
 
 CHAT = "/v1/chat/completions"

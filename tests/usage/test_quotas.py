@@ -9,8 +9,8 @@ from fastapi import APIRouter
 from sqlalchemy import create_engine
 
 from rollout_server.errors import APIError
-from rollout_server.generation import FinishedGeneration
 from rollout_server.quotas import KeyLimits, KeyLimitStore, RateLimiter
+from rollout_server.serving.finished import FinishedGeneration
 from rollout_server.settings import QuotaSettings
 from tests.usage.support import ManualClock, client_for
 

@@ -15,9 +15,11 @@ from collections import defaultdict
 import pytest
 from sqlalchemy import create_engine
 
-from rollout_server.generation import FinishedGeneration
-from rollout_server.usage import (DEFAULT_POOL, UsageEvent, UsageQuery, UsageRecorder, UsageStore, add_usage_commands,
-                                  usage_router)
+from engine.ids import DEFAULT_POOL
+from rollout_server.cli.usage import add_usage_commands
+from rollout_server.routes.usage import usage_router
+from rollout_server.serving.finished import FinishedGeneration
+from rollout_server.usage import UsageEvent, UsageQuery, UsageRecorder, UsageStore
 from tests.usage.support import as_team, client_for, principal_from_test_header
 
 DAY0 = dt.datetime(2025, 3, 1, tzinfo=dt.timezone.utc).timestamp()

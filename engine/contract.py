@@ -1,0 +1,148 @@
+"""The contract between the front door and the engine: one request in, a stream of chunks out.
+
+The front door tokenizes every prompt itself, so a request carries token ids, and every chunk carries the
+exact ids the worker sampled (with their logprobs when asked): what a client gets and what a trace records
+is exactly what the engine consumed and produced.
+
+Both ways to a deployment's workers implement `EngineClient`: Dynamo's frontend over HTTP
+(engine/client/dynamo_http.py) and Dynamo's KV router inside the front door (engine/client/embedded_router.py).
+Invariants of a stream, whichever client made it:
+- chunks come in order; a choice's tokens are never repeated or reordered;
+- a choice's last delta has its `finish_reason`; the chunk that finishes the last choice and knows the
+  usage is `final`, and nothing after it changes the answer;
+- a failure before any token raises `RefusedBeforeOutput` (engine/errors.py), later ones an `EngineError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterable, Literal, Protocol, Sequence
+
+from engine.ids import DEFAULT_POOL, PoolName, RequestId, SessionId, WorkerId
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How a choice's tokens are sampled and where it stops, as vLLM's SamplingParams names them (the part this
+    engine path applies). None leaves the engine's default."""
+
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    # Where a choice stops
+    stop: list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    # How its text is written
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+
+    def given(self) -> dict[str, Any]:
+        """The fields set, by name."""
+        return {name: value for name in SAMPLING_FIELDS if (value := getattr(self, name)) is not None}
+
+    def sampler_options(self) -> dict[str, Any]:
+        """The fields the sampler itself applies (Dynamo's `sampling_options`), set ones only."""
+        return {name: value for name in SAMPLER_FIELDS if (value := getattr(self, name)) is not None}
+
+
+SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(SamplingParams))
+SAMPLER_FIELDS: tuple[str, ...] = SAMPLING_FIELDS[:SAMPLING_FIELDS.index("stop")]
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    """A constraint the engine enforces on every token (xgrammar): `spec` is a JSON schema (json), a pattern
+    (regex), the allowed strings (choice) or an EBNF grammar (grammar)."""
+
+    kind: Literal["json", "regex", "choice", "grammar"]
+    spec: Any
+
+
+@dataclass
+class EngineRequest:
+    model: str
+    request_id: RequestId | str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    top_logprobs: int = 0                # alternatives per position the client wants
+    # The sampled tokens' logprobs, which cost the engine a pass over the vocabulary every step. Without them
+    # (neither the client nor the traces want them) the ids come alone.
+    logprobs: bool = True
+    guided: GuidedDecoding | None = None
+    session_id: SessionId | None = None  # keeps the session on the worker that holds its KV (engine/sessions.py)
+    pool: PoolName = DEFAULT_POOL        # the capacity pool that serves it (engine/supervisor/pools.py)
+    stream_interval: int = 1             # tokens a worker gathers per message (engine/stream_interval.py)
+    cache_salt: str | None = None        # only requests with the same salt share cached KV
+
+
+@dataclass
+class SampledToken:
+    token_id: int
+    logprob: float | None                # None: not asked of the engine (EngineRequest.logprobs)
+    top: list[tuple[int, float]]         # (id, logprob), most likely first; empty unless top_logprobs > 0
+
+
+@dataclass
+class ChoiceDelta:
+    index: int
+    text: str
+    tokens: list[SampledToken]
+    finish_reason: str | None
+
+
+@dataclass
+class EngineUsage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+@dataclass
+class EngineChunk:
+    deltas: list[ChoiceDelta]
+    usage: EngineUsage | None = None
+    worker_id: WorkerId | None = None
+    received_at: float = 0.0             # time.monotonic() when it arrived
+    final: bool = False                  # every choice has finished and the usage is known: the answer is whole
+
+
+class EngineClient(Protocol):
+    """The front door's connection to one deployment's workers."""
+
+    via: str  # how requests reach the workers, in words (GET /v1/pools)
+
+    def stream_once(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Sends the request once and streams its chunks (the invariants above)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def sampled_tokens(ids: Sequence[int], logprobs: Sequence[float] | None,
+                   alternatives: Sequence[Iterable[tuple[int, float]] | None], top_logprobs: int) -> list[SampledToken]:
+    """One message's sampled tokens, whichever way the engine sent them.
+
+    `logprobs` is None when the request asked for none. Alternatives (id, logprob) are read only when the
+    client asked for them (`top_logprobs` > 0); a position without any held the sampled token alone (our worker
+    leaves such lists out: engine/worker/dynamo_worker.py), so the sampled token was the most likely.
+    """
+    if logprobs is None:
+        return [SampledToken(token_id, None, []) for token_id in ids]
+    if not top_logprobs:  # the default: every streamed token passes here
+        return [SampledToken(token_id, float(lp), []) for token_id, lp in zip(ids, logprobs)]
+    tokens = []
+    for i, (token_id, lp) in enumerate(zip(ids, logprobs)):
+        given = alternatives[i] if i < len(alternatives) else None
+        top = sorted(((t, float(v)) for t, v in (given or [(token_id, lp)])), key=lambda pair: -pair[1])
+        tokens.append(SampledToken(token_id, float(lp), top))
+    return tokens

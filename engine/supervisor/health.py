@@ -1,0 +1,177 @@
+"""What a stack's processes say about themselves: Dynamo's health and metrics endpoints, read.
+
+A worker is ready when its Dynamo system port says so; a deployment serves when its frontend lists the model
+with every worker registered and places a request. Every probe is a loopback HTTP call with a short timeout
+(engine/supervisor/loopback_http.py); a probe that fails reads as "not ready", never as an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+import httpx
+from tqdm import tqdm
+
+from engine.ids import worker_id_from_hex
+from engine.supervisor import kv_tier_service
+from engine.supervisor.device import has_cuda
+from engine.supervisor.loopback_http import LOOPBACK
+from engine.supervisor.stack import Stack, StackStartError
+from engine.supervisor.worker_control import CPU_RELOAD_RPC, CUDA_RELOAD_RPC, WorkerHandle
+
+log = logging.getLogger(__name__)
+
+
+class StackHealth:
+    """The health of one `Stack`'s processes."""
+
+    def __init__(self, stack: Stack):
+        self.stack = stack
+
+    def wait_until_ready(self) -> None:
+        """Waits for every child's health check, then settles NIXL workers' threads; stops the stack on failure."""
+        try:
+            self._wait_until_healthy()
+            self.stack.settle_nixl_workers()
+        except BaseException:
+            self.stack.stop()
+            raise
+
+    def serves_a_request(self) -> bool:
+        """A one-token completion through the frontend succeeds: Dynamo lists a model before its router
+        can place requests on the new worker (it answers 503 "not ready" for a moment)."""
+        body = {"model": self.stack.served_model_name, "prompt": [1], "max_tokens": 1}
+        try:
+            return LOOPBACK.post(f"{self.stack.frontend_url}/v1/completions", json=body, timeout=30.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def ready_workers(self) -> int:
+        return len(self.ready_worker_indices())
+
+    def ready_worker_indices(self) -> list[int]:
+        """Workers that answer ready, provided the frontend answers and lists the model (none otherwise)."""
+        stack = self.stack
+        if stack.frontend is None or not stack.frontend.alive() or not self._frontend_lists_model():
+            return []
+        return [w.index for w in stack.workers if stack.worker_children[w.index].alive()
+                and worker_health(w.system_port).get("status") == "ready"]
+
+    def worker_status(self) -> list[dict]:
+        """One row per worker: its process, health, Dynamo instance id and in-flight requests."""
+        rows = []
+        for worker in self.stack.workers:
+            child = self.stack.worker_children[worker.index]
+            metrics = worker_metrics(worker.system_port)
+            rows.append({
+                "worker": worker.index,
+                "role": worker.role,
+                "pid": child.pid,
+                "alive": child.alive(),
+                "healthy": worker_health(worker.system_port).get("status") == "ready",
+                "instance_id": metrics.get("instance_id"),
+                "inflight_requests": metrics.get("inflight_requests", 0.0),
+            })
+        return rows
+
+    def worker_handles(self) -> list[WorkerHandle]:
+        """Every worker, as the deployer reaches it: system port (admin routes) and Dynamo instance id."""
+        reload_rpc = CUDA_RELOAD_RPC if has_cuda() else CPU_RELOAD_RPC
+        return [WorkerHandle(w.index, w.system_port, worker_metrics(w.system_port).get("instance_id"), reload_rpc)
+                for w in self.stack.workers]
+
+    # ---- start-up ------------------------------------------------------------------------
+
+    def _wait_until_healthy(self) -> None:
+        stack = self.stack
+        timeout_s = stack.settings.startup_timeout_s
+        deadline = time.monotonic() + timeout_s
+        pending = {f"worker-{w.index}" for w in stack.workers} | {"frontend"}
+        if stack.settings.kv_tier.enabled:
+            pending.add("kv-tier")
+        with tqdm(total=len(pending), desc="starting stack", unit="proc", disable=None) as bar:
+            while pending:
+                self._raise_if_a_child_died()
+                if time.monotonic() > deadline:
+                    raise StackStartError(f"not healthy after {timeout_s:.0f}s: {sorted(pending)}; "
+                                          f"see logs in {stack.run_dir}")
+                for name in sorted(pending):
+                    if self._is_healthy(name):
+                        pending.discard(name)
+                        bar.update(1)
+                        log.info("%s is healthy", name)
+                time.sleep(1.0)
+
+    def _is_healthy(self, name: str) -> bool:
+        if name == "frontend":
+            return self._frontend_lists_model_with_all_workers()
+        if name == "kv-tier":
+            return kv_tier_service.is_ready(self.stack.settings.kv_tier)
+        worker = self.stack.workers[int(name.split("-")[1])]
+        return worker_health(worker.system_port).get("status") == "ready"
+
+    def _frontend_lists_model_with_all_workers(self) -> bool:
+        if not all(worker_health(w.system_port).get("status") == "ready" for w in self.stack.workers):
+            return False
+        if not self.stack.workers:  # a serverless pool at zero: the frontend only has to answer
+            try:
+                return LOOPBACK.get(f"{self.stack.frontend_url}/v1/models", timeout=2.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+        return self._frontend_lists_model()
+
+    def _frontend_lists_model(self) -> bool:
+        try:
+            models = LOOPBACK.get(f"{self.stack.frontend_url}/v1/models", timeout=2.0).json()
+        except (httpx.HTTPError, ValueError):
+            return False
+        return any(m.get("id") == self.stack.served_model_name for m in models.get("data", []))
+
+    def _raise_if_a_child_died(self) -> None:
+        for child in self.stack.children:
+            if not child.alive():
+                raise StackStartError(
+                    f"{child.spec.name} exited with code {child.exit_code()} during start-up; last log lines:\n"
+                    f"{child.log_tail()}")
+
+
+def worker_health(system_port: int) -> dict:
+    try:
+        return LOOPBACK.get(f"http://127.0.0.1:{system_port}/health", timeout=2.0).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+_VLLM_SAMPLE = re.compile(r'^(vllm:[a-z0-9_]+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)$')
+
+
+def vllm_counter(system_port: int, name: str, **labels: str) -> float:
+    """The sum of a vLLM metric's samples on a worker's system port whose labels include `labels`."""
+    return metric_total(LOOPBACK.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text, name, **labels)
+
+
+def metric_total(text: str, name: str, **labels: str) -> float:
+    """The sum of a vLLM metric's samples in a Prometheus text page whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        match = _VLLM_SAMPLE.match(line)
+        if match and match.group(1) == name and all(f'{k}="{v}"' in (match.group(2) or "") for k, v in labels.items()):
+            total += float(match.group(3))
+    return total
+
+
+def worker_metrics(system_port: int) -> dict:
+    """A worker's Dynamo instance id (`instance_id`, a WorkerId) and its requests in flight, from its /metrics."""
+    try:
+        text = LOOPBACK.get(f"http://127.0.0.1:{system_port}/metrics", timeout=2.0).text
+    except httpx.HTTPError:
+        return {}
+    found: dict = {}
+    for line in text.splitlines():
+        if not line.startswith("dynamo_component_inflight_requests{") or 'dynamo_endpoint="generate"' not in line:
+            continue
+        found["instance_id"] = worker_id_from_hex(line.split('worker_id="', 1)[1].split('"', 1)[0])
+        found["inflight_requests"] = float(line.rsplit(" ", 1)[1])
+    return found

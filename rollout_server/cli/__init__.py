@@ -1,0 +1,34 @@
+"""`rollout-serve`: start the stack, chat with it, inspect it, manage keys, deploys, traces and the tiny model.
+
+Each command lives in a module of its own here; this one assembles the parser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from rollout_server.cli.client import add_client_commands
+from rollout_server.cli.deploy import add_deploy_commands
+from rollout_server.cli.keys import add_keys_commands
+from rollout_server.cli.traces import add_traces_commands
+from rollout_server.cli.up import add_up_commands
+from rollout_server.cli.usage import add_usage_commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollout-serve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_commands in (add_up_commands, add_client_commands, add_traces_commands, add_usage_commands,
+                         add_deploy_commands, add_keys_commands):
+        add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("ROLLOUT_SERVE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    return args.run(args) if hasattr(args, "run") else args.func(args)

@@ -1,0 +1,177 @@
+"""Request bodies of the deploy endpoints, validated, and their errors in OpenAI's shape.
+
+Three ways in, one meaning out (a WeightUpdate):
+- POST /v1/admin/deployments  {"path", "pool", "as": "full"|"lora", "name"}    our admin API
+- POST /update_weights        {"weight_dir"}                                  prime-rl's shape
+- POST /v1/rl/update_weights  {"version", "target": {...}, "transport": {...}} Dynamo's RL API shape
+
+Our admin API refuses unknown fields (a typo must not deploy with defaults);
+the two borrowed shapes ignore them, as their own servers do.
+Paths are server-side and must be absolute.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from finetune_deploy.checkpoint_files import CheckpointError
+from finetune_deploy.weight_update import WeightUpdate
+from rollout_server.errors import APIError, bad_request
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"  # pool ids and served model ids
+
+
+def require_absolute(path: str) -> str:
+    if not Path(path).is_absolute():
+        raise ValueError("must be an absolute path on the server")
+    return path
+
+
+class DeploymentRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    path: str = Field(min_length=1)
+    pool: str | None = Field(None, pattern=NAME_PATTERN)  # None: the stack's pool
+    as_: Literal["full", "lora"] | None = Field(None, alias="as")  # None: detected from the files
+    name: str | None = Field(None, pattern=NAME_PATTERN)
+    mode: Literal["rolling", "all_at_once"] | None = None  # full weights; None: the server's default
+    in_flight: Literal["finish", "abort"] | None = None  # requests on a worker about to reload; None: the default
+    wait: bool = False  # answer when the deploy is done, instead of at once (202) with its progress
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_path(cls, path: str) -> str:
+        return require_absolute(path)
+
+    def weight_update(self) -> WeightUpdate:
+        kind = self.as_ or ("lora" if (Path(self.path) / "adapter_config.json").exists() else "full")
+        return WeightUpdate(kind=kind, op="load", path=Path(self.path), name=self.name or Path(self.path).name,
+                            pool=self.pool)
+
+
+class RollbackRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pool: str | None = Field(None, pattern=NAME_PATTERN)
+    to_version: NonNegativeInt | None = None  # None: the version that served before the current one
+    message: str = ""
+    wait: bool = False
+
+
+class PrimeUpdateWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    weight_dir: str = Field(min_length=1)
+
+    @field_validator("weight_dir")
+    @classmethod
+    def _absolute_path(cls, path: str) -> str:
+        return require_absolute(path)
+
+    def weight_update(self) -> WeightUpdate:
+        return WeightUpdate(kind="full", op="load", path=Path(self.weight_dir))
+
+
+class WeightTarget(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    kind: Literal["base", "lora"]
+    op: Literal["load", "swap", "unload"] = "load"
+    name: str | None = Field(None, pattern=NAME_PATTERN)  # the adapter's served name; required for lora
+
+    @model_validator(mode="after")
+    def _op_fits_kind(self):
+        if self.kind == "base" and self.op != "load":
+            raise ValueError(f"a base target only supports op 'load' (full weights replace the old), not {self.op!r}")
+        if self.kind == "lora" and not self.name:
+            raise ValueError("a lora target needs a 'name': the adapter to load, swap or unload")
+        return self
+
+
+class FilesystemTransport(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    path: str = Field(min_length=1)
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_path(cls, path: str) -> str:
+        return require_absolute(path)
+
+
+class Transport(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    filesystem: FilesystemTransport
+
+    @model_validator(mode="before")
+    @classmethod
+    def _filesystem_only(cls, data):
+        # Other backends (nccl, ipc) are refused by name: ignoring them would report a missing filesystem block.
+        others = [key for key in data if key != "filesystem"] if isinstance(data, dict) else []
+        if others:
+            raise ValueError(f"transport {others[0]!r} is not supported here; only 'filesystem'")
+        return data
+
+
+class RLUpdateWeightsRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    version: NonNegativeInt  # our policy versions are integers; "12" is accepted as 12
+    target: WeightTarget
+    transport: Transport | None = Field(None, validate_default=True)
+
+    @field_validator("transport")
+    @classmethod
+    def _transport_unless_unload(cls, transport: Transport | None, info: ValidationInfo):
+        # A field validator, not a model one, so that the 400 names 'transport'. `target` is validated first.
+        target = info.data.get("target")
+        if transport is None and target is not None and target.op != "unload":
+            raise ValueError("transport.filesystem.path is required to load or swap weights")
+        return transport
+
+    def weight_update(self) -> WeightUpdate:
+        path = Path(self.transport.filesystem.path) if self.transport else None
+        kind = "full" if self.target.kind == "base" else "lora"
+        return WeightUpdate(kind=kind, op=self.target.op, path=path, name=self.target.name, version=self.version)
+
+
+Request = TypeVar("Request", bound=BaseModel)
+
+
+def parse_request(model: type[Request], body: object) -> Request:
+    """Validates a JSON body; the first problem becomes a 400 naming the field, as elsewhere in the API."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise _request_error(exc.errors()[0]) from None
+
+
+def _request_error(error: dict) -> APIError:
+    # Not rollout_server.errors.validation_error: it drops any location part spelled "path",
+    # which is a field name here.
+    param = ".".join(str(part) for part in error.get("loc", ())) or None
+    message = error.get("msg", "invalid value").removeprefix("Value error, ")
+    if error.get("type") == "missing":
+        return bad_request(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
+    if param:
+        message = f"Invalid value for '{param}': {message}"
+    return bad_request(message, param=param, code="invalid_value")
+
+
+def checkpoint_api_error(error: CheckpointError, param: str = "path") -> APIError:
+    """A refused checkpoint is the client's to fix: a 400 naming the request field and the rule broken."""
+    return bad_request(f"Checkpoint refused ({error.field}): {error.message}", param=param,
+                       code="invalid_checkpoint")

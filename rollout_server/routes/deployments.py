@@ -1,0 +1,203 @@
+"""HTTP routes of deploys and RL weight sync (admin keys only).
+
+- POST /v1/admin/deployments            register + deploy a checkpoint (202 with progress; `wait` for 200)
+- GET  /v1/admin/deployments[/{version}] versions of the pool, their status, events and deploy progress
+- POST /v1/admin/deployments/rollback   back to the version that served before (or `to_version`)
+- POST /update_weights                  prime-rl: {"weight_dir"}; synchronous, every worker at once
+- POST /v1/rl/update_weights            Dynamo's RL shape: base load, LoRA load/swap/unload; synchronous
+- POST /pause, /resume (and /v1/rl/pause, /v1/rl/resume)   every worker of the pool
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Awaitable, Callable
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import JSONResponse
+
+from finetune_deploy.checkpoint_files import CheckpointError
+from finetune_deploy.executor import DeployBusy, Deployer, DeployError, DeployProgress, LoraDisabled
+from finetune_deploy.registry import RegisteredVersion, RegistryError
+from finetune_deploy.weight_update import WeightUpdate
+from rollout_server.auth import Principal
+from rollout_server.errors import APIError, bad_request
+from rollout_server.fast_json import parse_json
+from rollout_server.routes.deployment_bodies import (
+    DeploymentRequest,
+    PrimeUpdateWeightsRequest,
+    RLUpdateWeightsRequest,
+    RollbackRequest,
+    checkpoint_api_error,
+    parse_request,
+)
+
+log = logging.getLogger(__name__)
+
+
+def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[Principal]]) -> APIRouter:
+    router = APIRouter()
+    running: set[asyncio.Task] = set()
+
+    async def admin(request: Request) -> Principal:
+        who = await principal(request)
+        if not who.is_admin:
+            raise APIError(403, "Deploys and weight updates need an admin key (rollout-serve keys create --admin).",
+                           code="admin_key_required")
+        return who
+
+    async def answered_early(deploying: Callable[[asyncio.Future], Awaitable[DeployProgress]]) -> RegisteredVersion:
+        """Starts a deploy that goes on after the response (202); returns its version once registered. A refusal
+        before that (a bad checkpoint, another deploy running) is the response; a later failure is in the registry
+        and the progress record, and in the log."""
+        registered = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(deploying(registered))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        await asyncio.wait({registered, task}, return_when=asyncio.FIRST_COMPLETED)
+        if not registered.done():
+            task.result()  # refused before any version was registered: raises that refusal
+        task.add_done_callback(_log_background_failure)
+        return registered.result()
+
+    @router.post("/v1/admin/deployments", dependencies=[Depends(admin)])
+    async def create_deployment(request: Request):
+        req = parse_request(DeploymentRequest, await _json_body(request))
+        _check_pool(deployer, req.pool)
+        update = req.weight_update()
+
+        def deploying(registered: asyncio.Future | None = None) -> Awaitable[DeployProgress]:
+            return _registration_answer(deployer.register_and_deploy(update, req.mode, req.in_flight, registered),
+                                        update, param="path")
+
+        if req.wait:
+            return _progress_response(await deploying())
+        version = await answered_early(deploying)
+        return JSONResponse(_version_json(deployer, version), status_code=202,
+                            headers={"Location": f"/v1/admin/deployments/{version.version}"})
+
+    @router.get("/v1/admin/deployments", dependencies=[Depends(admin)])
+    async def list_deployments():
+        versions = await asyncio.to_thread(deployer.registry.list, deployer.pool)
+        return {"object": "list", "pool": deployer.pool, "data": [_version_json(deployer, v) for v in versions]}
+
+    @router.get("/v1/admin/deployments/{version}", dependencies=[Depends(admin)])
+    async def get_deployment(version: int = Path(ge=0, le=2**63 - 1)):  # a 64-bit database integer
+        try:
+            found = await asyncio.to_thread(deployer.registry.get, deployer.pool, version)
+        except RegistryError as exc:
+            raise APIError(404, str(exc), param="version", code="version_not_found") from None
+        events = [{"event": e.event, "message": e.message, "created_at": e.created_at}
+                  for e in await asyncio.to_thread(deployer.registry.events, deployer.pool, version)]
+        return {**_version_json(deployer, found), "events": events}
+
+    @router.post("/v1/admin/deployments/rollback", dependencies=[Depends(admin)])
+    async def rollback(request: Request):
+        req = parse_request(RollbackRequest, await _json_body(request))
+        _check_pool(deployer, req.pool)
+
+        def deploying(registered: asyncio.Future | None = None) -> Awaitable[DeployProgress]:
+            return _rollback_answer(deployer.rollback(req.to_version, req.message, registered))
+
+        if req.wait:
+            return _progress_response(await deploying())
+        return JSONResponse(_version_json(deployer, await answered_early(deploying)), status_code=202)
+
+    @router.post("/update_weights", dependencies=[Depends(admin)])
+    async def prime_update_weights(request: Request):
+        update = parse_request(PrimeUpdateWeightsRequest, await _json_body(request)).weight_update()
+        deploying = deployer.register_and_deploy(update, "all_at_once")
+        return _progress_response(await _registration_answer(deploying, update, param="weight_dir"))
+
+    @router.post("/v1/rl/update_weights", dependencies=[Depends(admin)])
+    async def rl_update_weights(request: Request):
+        update = parse_request(RLUpdateWeightsRequest, await _json_body(request)).weight_update()
+        if update.op == "unload":
+            return _progress_response(await _worker_call(deployer.unload_adapter(update.name)))
+        deploying = deployer.register_and_deploy(update, "all_at_once")
+        return _progress_response(await _registration_answer(deploying, update, param="transport.filesystem.path"))
+
+    for prefix in ("", "/v1/rl"):
+        router.add_api_route(f"{prefix}/pause", _pause(deployer), methods=["POST"], dependencies=[Depends(admin)])
+        router.add_api_route(f"{prefix}/resume", _resume(deployer), methods=["POST"], dependencies=[Depends(admin)])
+    return router
+
+
+def _pause(deployer: Deployer):
+    async def pause():
+        await _worker_call(deployer.pause_all())
+        return {"status": "ok", "paused": True, "pool": deployer.pool}
+    return pause
+
+
+def _resume(deployer: Deployer):
+    async def resume():
+        await _worker_call(deployer.resume_all())
+        return {"status": "ok", "paused": False, "pool": deployer.pool}
+    return resume
+
+
+async def _json_body(request: Request) -> object:
+    try:
+        return parse_json(await request.body() or b"{}")
+    except ValueError as exc:
+        raise bad_request(f"Malformed JSON in request body: {exc}", code="invalid_json") from None
+
+
+def _check_pool(deployer: Deployer, pool: str | None) -> None:
+    if pool is not None and pool != deployer.pool:
+        raise APIError(404, f"No pool named {pool!r}; this server's pool is {deployer.pool!r}.", param="pool",
+                       code="pool_not_found")
+
+
+async def _registration_answer(deploying: Awaitable[DeployProgress], update: WeightUpdate,
+                               param: str) -> DeployProgress:
+    """A deploy of a new checkpoint; a refused checkpoint is a 400 naming the request field `param`."""
+    try:
+        return await _worker_call(deploying)
+    except CheckpointError as exc:
+        raise checkpoint_api_error(exc, param=param) from None
+    except LoraDisabled as exc:
+        raise bad_request(str(exc), param=param, code="lora_not_enabled") from None
+    except RegistryError as exc:
+        raise bad_request(str(exc), param="version" if update.version is not None else param,
+                          code="invalid_version") from None
+
+
+async def _rollback_answer(deploying: Awaitable[DeployProgress]) -> DeployProgress:
+    try:
+        return await _worker_call(deploying)
+    except RegistryError as exc:
+        raise bad_request(str(exc), param="to_version", code="invalid_rollback") from None
+
+
+async def _worker_call(work):
+    try:
+        return await work
+    except DeployBusy as exc:
+        raise APIError(409, f"{exc}; retry when it has finished.", code="deploy_in_progress",
+                       headers={"Retry-After": "5"}) from None
+    except DeployError as exc:
+        raise APIError(502, f"Deploy failed: {exc}", code="deploy_failed", type="api_error") from None
+
+
+def _log_background_failure(task: asyncio.Task) -> None:
+    """Background deploys: the outcome is in the registry and the progress record; a failure is also logged."""
+    if not task.cancelled() and task.exception() is not None:
+        error = task.exception()
+        log.error("background deploy: %s", error.message if isinstance(error, APIError) else error)
+
+
+def _version_json(deployer: Deployer, version: RegisteredVersion) -> dict:
+    body = {"object": "deployment", "pool": version.pool, "version": version.version, "name": version.name,
+            "kind": version.kind, "path": version.path, "status": version.status,
+            "parent_version": version.parent_version, "created_at": version.created_at}
+    progress = deployer.latest(version.version)
+    if progress is not None:
+        body["progress"] = progress.as_dict()
+    return body
+
+
+def _progress_response(progress: DeployProgress) -> JSONResponse:
+    return JSONResponse({"status": "ok", **progress.as_dict()})

@@ -1,0 +1,52 @@
+"""What one request produced, as the finish hooks (metrics, usage, quotas, traces) read it.
+
+A `FinishedGeneration` is built once, after the answer went out, from what the engine streamed: its
+token ids and logprobs are exactly the engine's, its choices' texts and messages exactly what the client got.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from engine.contract import SampledToken
+from engine.ids import DEFAULT_POOL, PolicyVersion, PoolName, RequestId, SessionId, WorkerId
+
+
+@dataclass
+class ChoiceResult:
+    index: int
+    text: str = ""
+    tokens: list[SampledToken] = field(default_factory=list)
+    finish_reason: str | None = None
+    message: dict | None = None        # chat: the assistant message as the client saw it (tool calls parsed)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for t in self.tokens]
+
+
+@dataclass
+class FinishedGeneration:
+    request_id: RequestId | str
+    session_id: SessionId | str
+    team: str
+    model: str
+    endpoint: str                      # "chat.completions" | "completions" | "generate"
+    policy_version: PolicyVersion
+    prompt_token_ids: list[int]
+    choices: list[ChoiceResult]
+    worker_id: WorkerId | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    created_at: float                  # unix seconds
+    ttft_s: float | None
+    inter_token_s: list[float]
+    total_s: float
+    request_body: dict
+    key_prefix: str | None = None      # None: open local mode (no key)
+    pool: PoolName = DEFAULT_POOL
+
+
+FinishHook = Callable[[FinishedGeneration], Awaitable[None]]

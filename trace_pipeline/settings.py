@@ -1,0 +1,34 @@
+"""Settings of the trace pipeline; the settings tree (rollout_server/settings.py) nests them as `traces`."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+
+class TraceSettings(BaseModel):
+    enabled: bool = Field(True, description="capture a trace record per choice of every request")
+    dir: Path = Field(Path("traces"), description="the trace store (relative: under the front door's state directory)")
+    capture_logprobs: bool = Field(
+        True, description="keep every sampled token's logprob (the behaviour policy's, for RL), also when the client "
+                          "did not ask for logprobs; the engine then computes them for every request, at a cost in "
+                          "throughput (docs/benchmarks.md, \"Measurements behind design choices\"). Off: such "
+                          "requests' traces hold their exact ids, no logprobs")
+    queue_size: int = Field(8192, ge=1, description="records waiting between the serving side and the writer thread")
+    full_policy: Literal["block", "spill"] = Field(
+        "block", description="what record() does when the queue is full: wait for room (block), or append the "
+                             "record to an overflow WAL segment on disk (spill). Never drops")
+    ack: Literal["durable", "enqueue"] = Field(
+        "durable", description="durable: record() returns once the record is fsync'ed in the WAL (group commit); "
+                               "enqueue: once it is in the queue (lost on kill -9 until written)")
+    redact: bool = Field(True, description="remove common secret shapes from text fields before writing")
+    max_batch_records: int = Field(1024, ge=1, description="most records in one WAL write + fsync (one group commit)")
+    flush_every_records: int = Field(8192, ge=1, description="seal buffered WAL records into Parquet after this many")
+    flush_every_s: float = Field(10.0, gt=0, description="... or after this many seconds")
+    zstd_level: int = Field(3, ge=1, le=22, description="Parquet zstd compression level")
+
+    @property
+    def keeps_logprobs(self) -> bool:
+        """Whether every request's sampled-token logprobs are wanted, for its trace."""
+        return self.enabled and self.capture_logprobs
