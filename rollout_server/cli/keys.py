@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from rollout_server.auth import KeyStore, open_database
+from rollout_server.cli.settings_flags import add_state_arguments, state_settings_from_args
 from rollout_server.quotas import KeyLimitStore
-from rollout_server.settings import Settings
 
 
 def add_keys_commands(sub: argparse._SubParsersAction) -> None:
@@ -31,18 +30,11 @@ def add_keys_commands(sub: argparse._SubParsersAction) -> None:
     limit.add_argument("--tokens-per-min", type=int, help="prompt + completion tokens per minute (unset: default; 0: none)")
     limit.set_defaults(func=cmd_keys_limit)
     for p in (create, listing, revoke, limit):
-        p.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the state directory)")
-        p.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
-        p.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    given = {name: getattr(args, name) for name in ("database_url", "cache_dir", "state_dir") if getattr(args, name)}
-    return Settings(**given)
+        add_state_arguments(p)
 
 
 def _key_store(args):
-    return KeyStore(open_database(_settings(args).state.resolved_database_url))
+    return KeyStore(open_database(state_settings_from_args(args).state.resolved_database_url))
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
@@ -60,7 +52,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_limit(args: argparse.Namespace) -> int:
-    settings = _settings(args)
+    settings = state_settings_from_args(args)
     KeyLimitStore(open_database(settings.state.resolved_database_url)).set(args.prefix, args.requests_per_min,
                                                                      args.tokens_per_min)
     print(f"key {args.prefix}: {args.requests_per_min or 'default'} requests/min, "

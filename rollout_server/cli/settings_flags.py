@@ -11,7 +11,14 @@ import types
 import typing
 from pathlib import Path
 
-from rollout_server.settings import ENV_PREFIX, PREFIXED_SECTIONS, SETTINGS_NAMES, Settings, nest_short_names
+from rollout_server.settings import (
+    ENV_PREFIX,
+    PREFIXED_SECTIONS,
+    SETTINGS_NAMES,
+    Settings,
+    StateSettings,
+    nest_short_names,
+)
 
 
 def _scalar_type(annotation):
@@ -56,3 +63,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     """The settings the flags given name, over the environment and the defaults."""
     given = {s.name: getattr(args, s.name) for s in SETTINGS_NAMES if getattr(args, s.name, None) is not None}
     return Settings(**nest_short_names(given))
+
+
+def add_state_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of commands that read the state database directly, with no server (keys, usage)."""
+    parser.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the state directory)")
+    parser.add_argument("--cache-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
+
+
+def state_settings_from_args(args: argparse.Namespace) -> Settings:
+    """The settings those flags name (the state section's), over the environment and the defaults."""
+    return Settings(**{name: getattr(args, name) for name in StateSettings.model_fields if getattr(args, name, None)})

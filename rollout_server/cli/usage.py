@@ -8,7 +8,7 @@ import io
 import json
 
 from rollout_server.auth import open_database
-from rollout_server.settings import Settings
+from rollout_server.cli.settings_flags import add_state_arguments, state_settings_from_args
 from rollout_server.times import unix_time
 from rollout_server.usage import GROUP_BY_FIELDS, UsageQuery, UsageRow, UsageStore, parse_group_by
 
@@ -23,20 +23,17 @@ def add_usage_commands(subparsers: argparse._SubParsersAction) -> None:
     usage.add_argument("--until", type=unix_time, help="before this time (unix s or ISO 8601)")
     usage.add_argument("--group-by", default="team,model,day", help=f"comma-separated: {', '.join(GROUP_BY_FIELDS)}")
     usage.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    usage.add_argument("--database-url", help="SQLAlchemy URL (default: SQLite in the state directory)")
-    usage.add_argument("--cache-dir", help=argparse.SUPPRESS)
-    usage.add_argument("--state-dir", help=argparse.SUPPRESS)
+    add_state_arguments(usage)
     usage.set_defaults(func=run_usage_command)
 
 
 def run_usage_command(args: argparse.Namespace) -> int:
-    given = {name: getattr(args, name) for name in ("database_url", "cache_dir", "state_dir") if getattr(args, name)}
     try:
         group_by = parse_group_by([args.group_by])
     except ValueError as exc:
         print(f"error: {exc}")
         return 2
-    store = UsageStore(open_database(Settings(**given).state.resolved_database_url))
+    store = UsageStore(open_database(state_settings_from_args(args).state.resolved_database_url))
     query = UsageQuery(team=args.team, key_prefix=args.key, model=args.model, since=args.since,
                        until=args.until, group_by=group_by)
     print(format_usage(store.totals(query), group_by, args.format), end="")
