@@ -24,7 +24,11 @@ through 1, 2, 4, ..., 128, drawn from the 60 tools of `benchmarks/tool_schemas.p
 fields, and renamed copies past 60). Sets of up to 8 tools start at a different
 place in the suite for each request; the 16..128-tool sets are always the suite's
 first N tools, so their long prompts (up to ~32K tokens) share one cached prefix.
-The named function cycles through the request's tools. Sampling: temperature 1.0 with
+The named function cycles through the request's tools. Then one named request per tool of
+`KEYWORD_TOOLS`: one JSON Schema keyword each (uniqueItems, minLength/maxLength, pattern, format,
+multipleOf, minItems/maxItems, enum/const, oneOf/anyOf/allOf, $ref recursion, additionalProperties,
+dependentRequired, if/then), which our path enforces in the grammar or checks on the finished call and
+samples again (docs/tool_calls.md); `valid_rate_keyword` is their share. Sampling: temperature 1.0 with
 a fixed seed per request, `max_tokens` 256. The tiny model was trained for about a
 minute to write short tool calls (`rollout_server/tiny_model/training.py`); with random
 weights it never closed a JSON string and most calls were cut by `max_tokens`.
@@ -91,10 +95,10 @@ import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.frontdoor import start_plain_vllm, stop_group  # noqa: E402
-from benchmarks.tool_schemas import TOOL_SUITE, measure_compile_times, tools_for_request  # noqa: E402
+from benchmarks.tool_schemas import KEYWORD_TOOLS, TOOL_SUITE, measure_compile_times, tools_for_request  # noqa: E402
 from rollout_server.harness.stack import CACHE_DIR, free_port_block, start_stack  # noqa: E402
 from rollout_server.tiny_model.builder import ensure_tiny_model  # noqa: E402
-from rollout_server.tool_calls.structural_tag import without_string_length_bounds  # noqa: E402
+from rollout_server.tool_calls.schema_keywords import grammar_schema  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "tool_calls.json"
 MODEL = "tiny-qwen2"
@@ -118,7 +122,7 @@ USER_MESSAGES = [
 @dataclass(frozen=True)
 class Case:
     index: int
-    mode: str  # "required" or "named"
+    mode: str  # "required", "named", or "keyword" (a named tool of KEYWORD_TOOLS)
     tools: list[dict[str, Any]]
     named: str | None  # the forced function for a named choice
     seed: int
@@ -144,6 +148,11 @@ def build_suite(per_mode: int) -> list[Case]:
             named = tools[(index * 17) % len(tools)]["function"]["name"] if mode == "named" else None
             cases.append(Case(index, mode, tools, named, seed=1000 + index,
                               message=USER_MESSAGES[index % len(USER_MESSAGES)]))
+    for keyword_tool in KEYWORD_TOOLS:  # each named once, beside three tools of the suite
+        index = len(cases)
+        tools = [keyword_tool, *draw_tools(3, index)]
+        cases.append(Case(index, "keyword", tools, keyword_tool["function"]["name"], seed=1000 + index,
+                          message=USER_MESSAGES[index % len(USER_MESSAGES)]))
     return cases
 
 
@@ -246,7 +255,7 @@ def call_problem(case: Case, function: dict[str, Any]) -> str | None:
 
 
 def passes_without_length_bounds(case: Case, function: dict[str, Any]) -> bool:
-    schema = without_string_length_bounds(case.schemas[function["name"]])
+    schema = grammar_schema(case.schemas[function["name"]], json_strings=True)
     return jsonschema.Draft202012Validator(schema).is_valid(json.loads(function["arguments"]))
 
 
@@ -280,7 +289,7 @@ def summarise(cases: list[Case], verdicts: list[Verdict]) -> dict[str, Any]:
         "http_errors": problems["http error"],
         "format_violations_info": count("format_violation"),
     }
-    for mode in ("required", "named"):
+    for mode in ("required", "named", "keyword"):
         mine = [v for c, v in zip(cases, verdicts) if c.mode == mode]
         summary[f"valid_rate_{mode}"] = sum(v.valid for v in mine) / max(len(mine), 1)
     for reason, n in sorted(Counter(v.finish_reason for v in verdicts).items()):
@@ -403,7 +412,8 @@ def main() -> None:
     runners = {"ours": lambda: run_ours(model_dir, tmp, cases, args),
                "vllm": lambda: run_plain_vllm(model_dir, tmp, cases, args)}
     for system in args.systems.split(","):
-        print(f"== {system}: {len(cases)} requests ({args.per_mode} required + {args.per_mode} named)", flush=True)
+        print(f"== {system}: {len(cases)} requests ({args.per_mode} required + {args.per_mode} named + "
+              f"{len(KEYWORD_TOOLS)} keyword)", flush=True)
         verdicts, responses, wall = runners[system]()
         summaries[system] = {**summarise(cases, verdicts), "suite_wall_s": round(wall, 1)}
         print_failures(system, cases, verdicts, responses, args.show_failures)

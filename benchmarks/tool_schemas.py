@@ -215,6 +215,49 @@ TOOL_SUITE: list[dict[str, Any]] = [
 
 TOOL_NAMES = [tool_["function"]["name"] for tool_ in TOOL_SUITE]
 
+# One tool per JSON Schema keyword users send that a grammar may not express: each is enforced by the grammar
+# or checked on the finished call (rollout_server/tool_calls/schema_keywords.py), so every call is valid.
+TREE_NODE = {"type": "object", "properties": {"label": string("node label", maxLength=12),
+                                              "children": array("sub-nodes", {"$ref": "#/$defs/node"}, maxItems=2)},
+             "required": ["label"], "additionalProperties": False}
+KEYWORD_TOOLS: list[dict[str, Any]] = [
+    tool("tag_items", "Tag items by id (uniqueItems).", {"ids": array("distinct ids", integer("id", minimum=1,
+         maximum=3), minItems=2, maxItems=2, uniqueItems=True)}, ["ids"]),
+    tool("set_title", "Set a title (minLength, maxLength).", {"title": string("title", minLength=3, maxLength=20)},
+         ["title"]),
+    tool("create_branch", "Create a branch (pattern).", {"name": string("branch", pattern="^[a-z]+(-[a-z]+)*$")},
+         ["name"]),
+    tool("schedule_on", "Schedule on a day (format).", {"day": string("ISO date", format="date"),
+         "notify": string("address", format="email")}, ["day", "notify"]),
+    tool("set_dose", "Set a dose (multipleOf).", {"units": integer("units", multipleOf=5, minimum=0, maximum=50),
+         "step": number("step", multipleOf=0.25, minimum=0, maximum=2)}, ["units", "step"]),
+    tool("pick_reviewers", "Pick reviewers (minItems, maxItems).", {"users": array("users", string("login"),
+         minItems=1, maxItems=3)}, ["users"]),
+    tool("set_mode", "Set a mode (enum, const).", {"mode": enum("mode", "fast", "safe"),
+         "version": {"const": 2, "description": "API version"}}, ["mode", "version"]),
+    tool("set_limit", "Set a limit (oneOf, anyOf, allOf).", {
+         "limit": {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "enum": ["none"]}]},
+         "unit": {"anyOf": [{"type": "string", "enum": ["s", "ms"]}, {"type": "null"}]},
+         "share": {"allOf": [{"type": "number", "minimum": 0}, {"type": "number", "maximum": 1}]}},
+         ["limit", "unit", "share"]),
+    {"type": "function", "function": {"name": "build_tree", "description": "Build a tree ($ref recursion).",
+     "parameters": {"$defs": {"node": TREE_NODE}, "type": "object",
+                    "properties": {"root": {"$ref": "#/$defs/node"}}, "required": ["root"]}}},
+    {"type": "function", "function": {"name": "set_env", "description": "Set variables (additionalProperties).",
+     "parameters": {"type": "object", "properties": {"vars": {"type": "object", "maxProperties": 3,
+                    "additionalProperties": string("value", maxLength=10)}}, "required": ["vars"],
+                    "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "send_invoice", "description": "Send an invoice (dependentRequired).",
+     "parameters": {"type": "object", "properties": {"amount": integer("cents", minimum=1, maximum=999),
+                    "currency": enum("currency", "EUR", "USD"), "note": string("note", maxLength=20)},
+                    "required": ["amount"], "dependentRequired": {"amount": ["currency"]}}}},
+    {"type": "function", "function": {"name": "deploy_to", "description": "Deploy somewhere (if/then).",
+     "parameters": {"type": "object", "properties": {"target": enum("target", "prod", "staging"),
+                    "approver": string("who approved", maxLength=12)}, "required": ["target"],
+                    "if": {"properties": {"target": {"const": "prod"}}, "required": ["target"]},
+                    "then": {"required": ["approver"]}}}},
+]
+
 
 def tools_for_request(count: int) -> list[dict[str, Any]]:
     """`count` (1..128) tools with distinct names: the suite first, then renamed copies."""

@@ -4,7 +4,8 @@ Clients speak OpenAI (and vLLM's token-in/token-out route) to this app; it authe
 token ids to the engine, and answers with exact token ids, the serving worker and the policy version. The
 generation routes are served in front of FastAPI (rollout_server/generation_routes.py); FastAPI serves the
 rest (models, health, metrics, tokenize), and the routers of rollout_server/routes/ (usage, rewards,
-deploys, batches).
+deploys, batches). Each route declares the error statuses it can answer (`responses=`), and /openapi.json
+describes every route, the generation routes included (rollout_server/openapi.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from pydantic import BaseModel
 
 from engine.ids import DEFAULT_POOL
 from engine.supervisor.health import StackHealth
@@ -25,9 +28,11 @@ from engine.supervisor.pools import PoolSet
 from finetune_deploy.executor import Deployer
 from rollout_server.auth import Authenticator, Principal
 from rollout_server.batch_runner import BatchRunner
-from rollout_server.errors import APIError, install_error_handlers, model_not_found
+from rollout_server.errors import APIError, error_responses, install_error_handlers, model_not_found
 from rollout_server.fast_json import msgspec_route
+from rollout_server.generation_routes import ERROR_STATUSES as GENERATION_ERROR_STATUSES
 from rollout_server.generation_routes import GENERATION_ROUTES, GenerationRoutes, validated
+from rollout_server.openapi import install_openapi
 from rollout_server.pool_access import reachable_pools
 from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
 from rollout_server.routes.batches import batches_router
@@ -53,6 +58,14 @@ class AppState:
     deployer: Deployer | None = None   # when the stack's workers can be deployed to
     pools: PoolSet | None = None       # the default pool and the declared ones
     started_at: float = 0.0
+
+
+class HealthBody(BaseModel):
+    """GET /health, with a 200 while a worker is healthy (or no stack is watched), else a 503."""
+
+    status: Literal["ok", "unavailable"]
+    healthy_workers: int | None
+    model: str
 
 
 def internal_execute(ctx: ServingContext):
@@ -100,6 +113,8 @@ def create_app(state: AppState) -> GenerationRoutes:
     app.router.route_class = msgspec_route(max_body_bytes)
     app.state.rollout = state
     install_error_handlers(app)
+    install_openapi(app, {path: route.body for path, route in GENERATION_ROUTES.items()}, GENERATION_ERROR_STATUSES,
+                    state.ctx.tokenizer.vocab_size if state.ctx.tokenizer is not None else None)
     ctx = state.ctx
 
     async def caller(request: Request) -> Principal:
@@ -120,7 +135,8 @@ def create_app(state: AppState) -> GenerationRoutes:
         app.include_router(batches_router(state.batches.store, caller, runner=state.batches,
                                           max_file_bytes=ctx.settings.batches.max_file_bytes))
 
-    @app.get("/health")
+    @app.get("/health", responses={200: {"model": HealthBody},
+                                   503: {"model": HealthBody, "description": "No worker is healthy."}})
     async def health():
         rows = await _worker_rows(state)
         healthy = sum(1 for r in rows if r["healthy"]) if rows is not None else None
@@ -128,7 +144,7 @@ def create_app(state: AppState) -> GenerationRoutes:
         body = {"status": "ok" if ok else "unavailable", "healthy_workers": healthy, "model": ctx.model_name}
         return JSONResponse(body, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)  # Prometheus' text format
     async def metrics():
         rows = await _worker_rows(state)
         if rows:
@@ -146,24 +162,24 @@ def create_app(state: AppState) -> GenerationRoutes:
             "max_model_len": ctx.max_model_len, "policy_version": m.policy_version,
         } for m, model_id in listed]
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=error_responses(401))
     async def models(who: Principal = Depends(caller)):
         return {"object": "list", "data": model_cards(who)}
 
-    @app.get("/v1/models/{model_id:path}")
+    @app.get("/v1/models/{model_id:path}", responses=error_responses(401, 404))
     async def model(model_id: str, who: Principal = Depends(caller)):
         card = next((c for c in model_cards(who) if c["id"] == model_id), None)
         if card is None:
             raise model_not_found(model_id)
         return card
 
-    @app.get("/v1/pools")
+    @app.get("/v1/pools", responses=error_responses(401))
     async def pools(who: Principal = Depends(caller)):
         reachable = {DEFAULT_POOL, *reachable_pools(who, ctx.pools)}
         rows = [p.describe() for name, p in state.pools.pools.items() if name in reachable] if state.pools else []
         return {"object": "list", "data": rows}
 
-    @app.get("/v1/status")
+    @app.get("/v1/status", responses=error_responses(401))
     async def status(who: Principal = Depends(caller)):
         rows = await _worker_rows(state)
         for row in rows or []:
@@ -177,11 +193,11 @@ def create_app(state: AppState) -> GenerationRoutes:
                 "open_mode": state.auth.open_mode,
                 "pools": [p.describe() for p in state.pools.pools.values()] if state.pools else []}
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=error_responses(400, 401, 403, 404, 413))
     async def tokenize_route(body: TokenizeRequest, request: Request, who: Principal = Depends(caller)):
         return await tokenize(ctx, body, request.headers.get("x-session-id"), who)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=error_responses(400, 401, 403, 404, 413))
     async def detokenize_route(body: DetokenizeRequest, who: Principal = Depends(caller)):
         return await detokenize(ctx, body, who)
 

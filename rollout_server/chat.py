@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-from engine.contract import ChoiceDelta, EngineChunk, EngineRequest, GuidedDecoding
+from engine.contract import ChoiceDelta, EngineChunk, EngineRequest, GuidedDecoding, SampledToken
 from engine.ids import new_request_id
 from engine.sessions import session_id_for
 from rollout_server.auth import Principal
@@ -23,25 +23,29 @@ from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest, TokenizeRequest
+from rollout_server.serving.call_repair import CallRepair
 from rollout_server.serving.context import ServingContext
 from rollout_server.serving.finished import ChoiceResult
 from rollout_server.serving.generation import Generation
 from rollout_server.serving.prompt_checks import check_prompt, check_prompt_chars
 from rollout_server.serving.sampling import sampling_for, stream_interval_for
-from rollout_server.serving.streamed_answer import running_usage_of, sse, streamed_answer
+from rollout_server.serving.streamed_answer import running_usage_of, sse, stream_end, streamed_answer
 from rollout_server.session_prompts import team_session
 from rollout_server.structured import grammar_for_structural_tag, guided_for
 from rollout_server.tokenizer import tokenize_off_the_loop
 from rollout_server.tool_calls import StreamParser, ToolCallFormat, ToolRequestError, finish_reason_for, fold_deltas
+from rollout_server.tool_calls.argument_check import ArgumentCheck
 
 
 @dataclass
 class ToolPlan:
-    """How this request's tool calls are constrained (structural tag) and read back (parser)."""
+    """How this request's tool calls are constrained (structural tag), read back (parser) and, where the grammar
+    cannot enforce every keyword of their schemas, checked and repaired (CallRepair)."""
 
     fmt: ToolCallFormat
     tools: list[dict]
     guided: GuidedDecoding | None
+    repair: CallRepair | None = None
 
     def message_for(self, choice: ChoiceResult) -> tuple[dict, str | None]:
         parsed = self.fmt.parse(choice.text, self.tools)
@@ -99,18 +103,31 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
     fragment = await checked_tools(ctx, req.tools, choice, req.parallel_tool_calls)
     if choice == "none":
         return None  # tools stay in the prompt; nothing is enforced or parsed
+    guided = await _guided(fragment)
+    check = ArgumentCheck(ctx.tool_format, req.tools)
+    repair = None
+    if check.needed:
+        # A retry starts with the call it replaces: the "required" grammar (a named choice keeps its own), with
+        # string lengths enforced.
+        retry_choice = choice if isinstance(choice, dict) else "required"
+        retry_fragment = await checked_tools(ctx, req.tools, retry_choice, req.parallel_tool_calls,
+                                             ctx.tool_format.with_string_lengths())
+        repair = CallRepair(check, await _guided(retry_fragment))
+    return ToolPlan(ctx.tool_format, req.tools, guided, repair)
+
+
+async def _guided(fragment: dict) -> GuidedDecoding | None:
     tag = fragment.get("structured_outputs", {}).get("structural_tag")
-    guided = GuidedDecoding("grammar", await asyncio.to_thread(grammar_for_structural_tag, tag)) if tag else None
-    return ToolPlan(ctx.tool_format, req.tools, guided)
+    return GuidedDecoding("grammar", await asyncio.to_thread(grammar_for_structural_tag, tag)) if tag else None
 
 
 async def checked_tools(ctx: ServingContext, tools: list[dict], choice: Any = "auto",
-                        parallel: bool | None = None) -> dict:
+                        parallel: bool | None = None, fmt: ToolCallFormat | None = None) -> dict:
     """The engine's grammar fragment for these tools (empty when nothing is enforced), or a 400 naming the
     field. Tools are checked the same way whatever the tool_choice, and by /tokenize, so that ids are never
     rendered for tools a chat request would be refused; once per tool set (GrammarCache)."""
     try:
-        return await ctx.grammars.get(tools, choice, parallel, ctx.tool_format)
+        return await ctx.grammars.get(tools, choice, parallel, fmt or ctx.tool_format)
     except ToolRequestError as exc:
         raise bad_request(str(exc), param=exc.param) from exc
 
@@ -166,22 +183,41 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
     tool_plan = await plan_tools(ctx, req)
     named_session = team_session(who.team, session_header or req.session_id or req.user)
     engine_request = await build_engine_request(ctx, req, session_id, tool_plan, named_session)
+    repair = tool_plan.repair if tool_plan else None
+    # A stream whose calls are checked when finished (CallRepair) is answered when they are: in one piece.
+    streamed_as_sampled = req.stream and repair is None
+    finish_choice = _finish_choice(tool_plan)
     generation = Generation(ctx, engine_request, who=who, endpoint="chat.completions",
                             request_body=req.model_dump(exclude_none=True), prompt_param="messages",
-                            on_choice_finished=None if req.stream else _finish_choice(tool_plan))
+                            on_choice_finished=None if streamed_as_sampled else finish_choice)
     await generation.start()
-    if req.stream:
+    if streamed_as_sampled:
         return EventStreamResponse(_stream(ctx, req, generation, tool_plan), headers=generation.response_headers())
     choices = await generation.run_to_end()
+    usage = generation.usage_dict()
+    if repair is not None:
+        repaired = [await repair.repaired(ctx, generation, choice, who, finish_choice) for choice in choices]
+        choices = [choice for choice, _ in repaired]
+        usage = _with_retries(usage, [retry for _, retries in repaired for retry in retries])
+    if req.stream:
+        return EventStreamResponse(_whole_stream(ctx, req, generation, choices, usage),
+                                   headers=generation.response_headers())
     body = {
         "id": engine_request.request_id, "object": "chat.completion", "created": int(generation.created_at),
         "model": req.model, "choices": [_choice_json(ctx, req, c) for c in choices],
-        "usage": generation.usage_dict(), "policy_version": generation.policy_version,
+        "usage": usage, "policy_version": generation.policy_version,
         "session_id": session_id, "worker_id": generation.worker_text,
     }
     if req.return_token_ids:
         body["prompt_token_ids"] = engine_request.prompt_token_ids
     return MsgspecJSONResponse(body, headers=generation.response_headers())
+
+
+def _with_retries(usage: dict, retries: list[Generation]) -> dict:
+    """The answer's usage: its own, plus the tokens its repairs sampled (their prompts were the answer's)."""
+    extra = sum(retry.usage_dict()["completion_tokens"] for retry in retries)
+    return {**usage, "completion_tokens": usage["completion_tokens"] + extra,
+            "total_tokens": usage["total_tokens"] + extra}
 
 
 def _choice_json(ctx: ServingContext, req: ChatCompletionRequest, choice: ChoiceResult) -> dict:
@@ -246,13 +282,34 @@ def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generat
 
 
 def _chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, stream: _ChoiceStream, delta: ChoiceDelta) -> list[dict]:
-    """The chunk choices for one engine delta; tokens and logprobs ride on the first of them."""
+    """The chunk choices for one engine delta."""
     deltas, finish = stream.deltas(delta)
-    choices = [{"index": delta.index, "delta": d, "finish_reason": None, "logprobs": None} for d in deltas or [{}]]
+    return _as_chunk_choices(ctx, req, delta.index, deltas, finish, delta.tokens)
+
+
+def _as_chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, index: int, deltas: list[dict],
+                      finish: str | None, tokens: list[SampledToken]) -> list[dict]:
+    """Chunk choices for these deltas; the tokens and their logprobs ride on the first of them."""
+    choices = [{"index": index, "delta": d, "finish_reason": None, "logprobs": None} for d in deltas or [{}]]
     choices[-1]["finish_reason"] = finish
     if req.logprobs:
-        choices[0]["logprobs"] = chat_logprobs(ctx.tokenizer, delta.tokens, req.top_logprobs or 0,
+        choices[0]["logprobs"] = chat_logprobs(ctx.tokenizer, tokens, req.top_logprobs or 0,
                                                req.return_tokens_as_token_ids)
     if req.return_token_ids:
-        choices[0]["token_ids"] = [t.token_id for t in delta.tokens]
+        choices[0]["token_ids"] = [t.token_id for t in tokens]
     return choices
+
+
+async def _whole_stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generation,
+                        choices: list[ChoiceResult], usage: dict) -> AsyncIterator[bytes]:
+    """Finished choices as a stream: per choice, its content and each whole call, in one write."""
+    base = {"id": generation.req.request_id, "object": "chat.completion.chunk", "created": int(generation.created_at),
+            "model": req.model, "policy_version": generation.policy_version}
+    events = []
+    for choice in choices:
+        message = choice.message
+        deltas = [{"role": "assistant", "content": message.get("content") or ""}]
+        deltas += [{"tool_calls": [{"index": i, **call}]} for i, call in enumerate(message.get("tool_calls") or [])]
+        for chunk_choice in _as_chunk_choices(ctx, req, choice.index, deltas, choice.finish_reason, choice.tokens):
+            events.append(sse({**base, "choices": [chunk_choice]}))
+    yield b"".join(events) + stream_end(base, req.stream_options, usage)

@@ -1,7 +1,12 @@
 """OpenAI-shaped errors: {"error": {"message", "type", "param", "code"}} with the right HTTP status.
 
 Every failure a client can cause is a 4xx naming the field; a stack that cannot
-serve is a 503. Nothing reaches the client as a bare 500.
+serve is a 503. Nothing reaches the client as a bare 500. A validation error is a 400, never FastAPI's 422.
+A well-formed request that the server's state refuses (another deploy running, no earlier version to roll
+back to, a checkpoint it cannot serve) is a 409. A 405 names every method its path is served with (`Allow`).
+
+Each route declares the error statuses it can answer where it is declared (`error_responses`), with what
+each means on this API (`ERROR_MEANINGS`): the OpenAPI document (rollout_server/openapi.py) reads them there.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from engine.contract import EngineRequest
 from engine.errors import ContextLengthExceeded, EngineError, EngineTimeout, EngineUnavailable, RequestRejected
@@ -21,7 +28,22 @@ log = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
           404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error", 413: "invalid_request_error",
-          422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
+          429: "rate_limit_error", 503: "service_unavailable", 504: "timeout_error"}
+
+# What each error status means on this API, as the OpenAPI document says it.
+ERROR_MEANINGS = {
+    400: "The request is invalid: `error.param` names the field at fault.",
+    401: "No API key, or one that is not valid (only once the server has keys: open local mode has none).",
+    403: "The key may not do this: an admin key is needed, or the pool, team or trace is another's.",
+    404: "What the request names does not exist: a model, pool, version, adapter, file, batch or trace.",
+    409: "The server's state refuses the request now: another deploy is running, there is no earlier version to "
+         "roll back to, the checkpoint cannot be served, the batch cannot be cancelled.",
+    413: "The request body (or uploaded file) is larger than this server accepts.",
+    429: "A rate limit or quota of the key.",
+    502: "The deploy failed on a worker; the pool still serves what it served before.",
+    503: "No engine can serve the request now; retry after `Retry-After` seconds.",
+    504: "The engine sent nothing within the request timeout.",
+}
 
 
 class APIError(Exception):
@@ -37,6 +59,24 @@ class APIError(Exception):
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """The JSON of every error answer (`APIError.body`), as the OpenAPI document describes it."""
+
+    error: ErrorDetail
+
+
+def error_responses(*statuses: int) -> dict[int, dict]:
+    """A route's `responses=`: the error statuses it can answer, each with the OpenAI error JSON."""
+    return {status: {"model": ErrorBody, "description": ERROR_MEANINGS[status]} for status in statuses}
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -124,9 +164,22 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException):
-        return error_response(APIError(exc.status_code, str(exc.detail), headers=exc.headers))  # 405 keeps Allow
+        headers = {**(exc.headers or {})}
+        if exc.status_code == 405:
+            headers["Allow"] = _allowed_methods(request)
+        return error_response(APIError(exc.status_code, str(exc.detail), headers=headers))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
         log.exception("unexpected error serving %s %s", request.method, request.url.path)
         return error_response(internal_error(exc))  # Starlette raises it again; uvicorn closes the connection
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method the request's path is served with. Starlette's 405 names those of the first route that
+    matches the path only, and a path served with GET and POST has a route for each."""
+    methods = set()
+    for route in request.app.router.routes:
+        if route.matches(request.scope)[0] != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))

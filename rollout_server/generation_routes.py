@@ -56,6 +56,11 @@ GENERATION_ROUTES = {
     "/inference/v1/generate": GenerationRoute(GenerateRequest, generate),
 }
 
+# What a generation route answers instead of its 200: a bad body or field (400), a missing or wrong key (401), a
+# pool reserved for another team (403), no such model or pool (404), a body over the limit (413), a rate limit
+# or quota (429), no engine now (503), the engine's timeout (504). The OpenAPI document lists them.
+ERROR_STATUSES = (400, 401, 403, 404, 413, 429, 503, 504)
+
 
 def validated(model: type[BaseModel], body: Any) -> BaseModel:
     """The request body as `model`, or a 400 naming the first field at fault."""

@@ -5,13 +5,20 @@ sends sampling keys from its command line as strings. Unknown fields are ignored
 (vLLM's behaviour), wrong types and out-of-range values are a 400 naming the field.
 A field vLLM knows whose effect this server cannot give is refused when set (400,
 the field named), never served as if it were not there.
+
+The JSON schema of each model (the OpenAPI document's) says what its validators accept,
+not only what its types do (rollout_server/openapi.py, DocumentedModel); it changes
+nothing that validates.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
+from pydantic import ConfigDict, Field, NonNegativeInt, WithJsonSchema, field_validator
+
+from rollout_server.openapi import LAX_FALSE, LAX_TRUE, TOKEN_ID, DocumentedModel
+from rollout_server.tool_calls.request import FUNCTION_NAME
 
 # vLLM request fields whose effect this server cannot give: Dynamo's completions API does not carry them to
 # the engine, or the engine path does not return them. The request classes declare the ones they take.
@@ -31,6 +38,14 @@ CANNOT_APPLY = {
 }
 
 
+# A field of CANNOT_APPLY, as its schema says it: only a value that asks for nothing (`_cannot_apply`)
+Refused = Annotated[Any, WithJsonSchema({"anyOf": [
+    {"type": "null"}, {"const": False}, {"const": 0}, {"const": ""},
+    {"type": "array", "maxItems": 0}, {"type": "object", "maxProperties": 0},
+]})]
+TokenId = Annotated[NonNegativeInt, WithJsonSchema(TOKEN_ID)]  # checked against the vocabulary when served
+
+
 # Dynamo's completions API carries every generation to the engine; these are its limits, checked here so that a
 # value past them is a 400 naming the client's field, not Dynamo's message with no field.
 MAX_LOGPROBS = 5                  # alternatives per position (OpenAI's completions limit)
@@ -39,7 +54,7 @@ MAX_REPETITION_PENALTY = 2.0
 MAX_INT32 = 2**31 - 1             # top_k and the stream interval are 32-bit integers on the engine's way
 
 
-class _Request(BaseModel):
+class _Request(DocumentedModel):
     # inf and NaN are refused: JSON has neither, and the engine would be sent null (the field silently ignored)
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -61,7 +76,11 @@ class SamplingFields(_Request):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=64)
     seed: int | None = Field(None, ge=-2**63, le=2**63 - 1)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(None, json_schema_extra={"anyOf": [  # _stop_list
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 16},
+        {"type": "null"},
+    ]})
     stop_token_ids: list[NonNegativeInt] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -74,16 +93,16 @@ class SamplingFields(_Request):
     structured_outputs: dict[str, Any] | None = None   # vLLM's: one of json, regex, choice, grammar, ...
     cache_salt: str | None = Field(None, min_length=1)  # requests share cached KV only with the same salt
 
-    logit_bias: Any = None                             # CANNOT_APPLY: refused when set, never passed on
-    allowed_token_ids: Any = None
-    bad_words: Any = None
-    prompt_logprobs: Any = None
-    logprob_token_ids: Any = None
-    use_beam_search: Any = None
-    priority: Any = None
-    truncate_prompt_tokens: Any = None
-    repetition_detection: Any = None
-    watermarking: Any = None
+    logit_bias: Refused = None                         # CANNOT_APPLY: refused when set, never passed on
+    allowed_token_ids: Refused = None
+    bad_words: Refused = None
+    prompt_logprobs: Refused = None
+    logprob_token_ids: Refused = None
+    use_beam_search: Refused = None
+    priority: Refused = None
+    truncate_prompt_tokens: Refused = None
+    repetition_detection: Refused = None
+    watermarking: Refused = None
 
     @field_validator("stop")
     @classmethod
@@ -107,10 +126,27 @@ class StreamOptions(_Request):
         return self.include_usage and self.continuous_usage_stats
 
 
+# A call in an assistant's history, as the chat template renders it: its function's arguments, an object or its JSON
+_HISTORY_TOOL_CALL = {"type": "object", "required": ["function"], "properties": {"function": {
+    "type": "object", "required": ["arguments"], "properties": {"arguments": {"anyOf": [
+        {"type": "object"},
+        {"type": "string", "contentMediaType": "application/json", "contentSchema": {"type": "object"}},
+    ]}}}}}
+
+
 class ChatMessage(_Request):
     model_config = ConfigDict(extra="allow")
+    schema_rules = ({"anyOf": [  # the template renders an assistant's tool_calls only
+        {"properties": {"role": {"not": {"const": "assistant"}}}},
+        {"properties": {"tool_calls": {"anyOf": [{"type": "null"}, {"type": "array", "items": _HISTORY_TOOL_CALL}]}}},
+    ]},)
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[dict[str, Any]] | None = Field(None, json_schema_extra={"anyOf": [  # text()
+        {"type": "string"},
+        {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}},
+        {"type": "null"},
+    ]})
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -133,15 +169,35 @@ _RENDER_ARGUMENTS = {"messages", "conversation", "tools", "documents", "chat_tem
                      "padding", "truncation", "max_length", "return_assistant_tokens_mask"}
 
 
+# Tools as the tool checks take them (rollout_server/tool_calls/request.py, when a conversation is rendered): each a
+# function with a name, and parameters that are a JSON schema of an object. A name must not repeat, which no schema
+# keyword can say.
+_FUNCTION_TOOLS = {"properties": {"tools": {"anyOf": [{"type": "null"}, {"type": "array", "items": {
+    "type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string", "pattern": f"^{FUNCTION_NAME.pattern}$"},
+            "parameters": {"anyOf": [
+                {"type": "null"}, {"type": "object", "properties": {"type": {"const": "object"}}}]},
+        }},
+    }}}]}}}
+
+
 class ChatTemplateFields(_Request):
     """What the model's chat template renders a conversation with: chat completions and /tokenize."""
+
+    schema_rules = ({"anyOf": [  # _one_way_to_end
+        {"properties": {"continue_final_message": LAX_FALSE}},
+        {"properties": {"add_generation_prompt": LAX_FALSE}, "required": ["add_generation_prompt"]},
+    ]},)
 
     tools: list[dict[str, Any]] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None  # extra variables for the chat template
+    chat_template_kwargs: dict[str, Any] | None = Field(None, json_schema_extra={"anyOf": [  # extra template variables
+        {"type": "object", "propertyNames": {"not": {"enum": sorted(_RENDER_ARGUMENTS)}}}, {"type": "null"}]})
     documents: list[dict[str, Any]] | None = None
-    chat_template: Any = None                           # CANNOT_APPLY: refused when set
+    chat_template: Refused = None                       # CANNOT_APPLY: refused when set
 
     @field_validator("continue_final_message")
     @classmethod
@@ -161,6 +217,11 @@ class ChatTemplateFields(_Request):
 
 
 class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
+    schema_rules = (_FUNCTION_TOOLS, {"anyOf": [  # _needs_logprobs
+        {"properties": {"top_logprobs": {"enum": [None, 0, False]}}},
+        {"properties": {"logprobs": LAX_TRUE}, "required": ["logprobs"]},
+    ]})
+
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -177,7 +238,7 @@ class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
     add_special_tokens: bool = False                    # the tokenizer's (a BOS) on top of the template's, as vLLM
-    echo: bool = False                                  # vLLM's chat echo: refused when set (completions echo)
+    echo: Annotated[bool, WithJsonSchema(LAX_FALSE)] = False  # vLLM's chat echo: refused when set (completions')
 
     @field_validator("echo")
     @classmethod
@@ -202,7 +263,12 @@ class CompletionRequest(SamplingFields):
     model: str
     # Ids before texts: the same choice (smart mode takes the exact match), but an id prompt tried as texts first
     # makes a validation error per id before it matches (docs/benchmarks.md, "Measurements behind design choices")
-    prompt: str | list[int] | list[list[int]] | list[str]
+    prompt: str | list[int] | list[list[int]] | list[str] = Field(json_schema_extra={"anyOf": [  # _non_empty
+        {"type": "string", "minLength": 1},  # "" is refused when served (completions.py)
+        {"type": "array", "items": TOKEN_ID, "minItems": 1},
+        {"type": "array", "items": {"type": "array", "items": TOKEN_ID, "minItems": 1}, "minItems": 1},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    ]})
     max_tokens: int | None = Field(16, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -215,7 +281,7 @@ class CompletionRequest(SamplingFields):
     return_tokens_as_token_ids: bool = False
     return_token_ids: bool = False
     response_format: dict[str, Any] | None = None
-    prompt_embeds: Any = None                           # CANNOT_APPLY: refused when set
+    prompt_embeds: Refused = None                       # CANNOT_APPLY: refused when set
 
     @field_validator("prompt")
     @classmethod
@@ -237,7 +303,7 @@ class GenerateRequest(_Request):
     """POST /inference/v1/generate: token ids in, token ids and logprobs out."""
 
     model: str
-    token_ids: list[NonNegativeInt] = Field(min_length=1)
+    token_ids: list[TokenId] = Field(min_length=1)
     sampling_params: GenerateSamplingParams = Field(default_factory=GenerateSamplingParams)
     request_id: str | None = Field(None, min_length=1, max_length=256)
     stream: bool = False
@@ -245,6 +311,14 @@ class GenerateRequest(_Request):
 
 class TokenizeRequest(ChatTemplateFields):
     """vLLM's POST /tokenize: a text prompt, or a conversation rendered as chat completions render it."""
+
+    schema_rules = (
+        {"oneOf": [  # _prompt_or_messages
+            {"properties": {"prompt": {"type": "string"}}, "required": ["prompt"]},
+            {"properties": {"messages": {"type": "array"}}, "required": ["messages"]},
+        ]},
+        {"anyOf": [{"properties": {"messages": {"type": "null"}}}, _FUNCTION_TOOLS]},  # a conversation's tools
+    )
 
     model: str | None = None
     prompt: str | None = None
@@ -263,4 +337,4 @@ class TokenizeRequest(ChatTemplateFields):
 
 class DetokenizeRequest(_Request):
     model: str | None = None
-    tokens: list[NonNegativeInt]
+    tokens: list[TokenId]

@@ -48,6 +48,11 @@ class ServerSettings(BaseModel):
                                         "1M-token prompt is ~4 MiB as text, ~7 MiB as token ids")
     default_max_tokens: int | None = Field(None, description="max_tokens when a chat request sets none (None: fill "
                                                              "the context, as vLLM)")
+    tool_call_retries: int = Field(
+        2, ge=0, le=8,
+        description="times a tool call whose arguments break a schema keyword the grammar cannot enforce "
+                    "(uniqueItems, oneOf, ...: docs/tool_calls.md) is sampled again from just before it; "
+                    "0: such a call ends its choice with finish_reason 'error'")
     session_prompt_tokens: int = Field(
         4_000_000, ge=0,
         description="token ids of named sessions' chat prompts the front door keeps (with their text: ~8 bytes a "

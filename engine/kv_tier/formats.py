@@ -3,8 +3,8 @@
 A block holds `block_size` tokens of every layer: per layer, vLLM's view is [heads, tokens,
 content] with content = K and V of one head (2 * head_dim values). Lossless objects are those
 values in the cache dtype. NVFP4 objects store each head_dim-long vector as head_dim/2 bytes of
-E2M1 codes plus head_dim/16 E4M3 block scales (kernels/page_codec.py), behind a header of one FP32
-global scale per layer.
+E2M1 codes plus head_dim/16 E4M3 block scales (kernels/page_codec.py), behind a header of two FP32
+global scales per layer (one per half of its content: K and V).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ class KvShape:
 
 
 def header_bytes(num_layers: int, kv_format: str) -> int:
-    return 4 * num_layers if kv_format == "nvfp4" else 0
+    """NVFP4 objects start with two FP32 global scales per layer (engine/kv_tier/blocks.py)."""
+    return 8 * num_layers if kv_format == "nvfp4" else 0
 
 
 def object_bytes(shape: KvShape, block_size: int, kv_format: str) -> int:

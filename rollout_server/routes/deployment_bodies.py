@@ -8,6 +8,7 @@ Three ways in, one meaning out (a WeightUpdate):
 Our admin API refuses unknown fields (a typo must not deploy with defaults);
 the two borrowed shapes ignore them, as their own servers do.
 Paths are server-side and must be absolute.
+Each model's JSON schema (the OpenAPI document's) says what its validators require too (DocumentedModel).
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ from pydantic import (
 )
 
 from finetune_deploy.checkpoint_files import CheckpointError
+from finetune_deploy.checkpoints import detect_kind
 from finetune_deploy.weight_update import WeightUpdate
 from rollout_server.errors import APIError, bad_request
+from rollout_server.openapi import DocumentedModel
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"  # pool ids and served model ids
+ABSOLUTE_PATH = {"pattern": "^/"}  # require_absolute, as the schema says it
 
 
 def require_absolute(path: str) -> str:
@@ -39,10 +43,10 @@ def require_absolute(path: str) -> str:
     return path
 
 
-class DeploymentRequest(BaseModel):
+class DeploymentRequest(DocumentedModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    path: str = Field(min_length=1)
+    path: str = Field(min_length=1, json_schema_extra=ABSOLUTE_PATH)
     pool: str | None = Field(None, pattern=NAME_PATTERN)  # None: the stack's pool
     as_: Literal["full", "lora"] | None = Field(None, alias="as")  # None: detected from the files
     name: str | None = Field(None, pattern=NAME_PATTERN)
@@ -56,12 +60,20 @@ class DeploymentRequest(BaseModel):
         return require_absolute(path)
 
     def weight_update(self) -> WeightUpdate:
-        kind = self.as_ or ("lora" if (Path(self.path) / "adapter_config.json").exists() else "full")
+        kind = self.as_ or _detected_kind(Path(self.path))
         return WeightUpdate(kind=kind, op="load", path=Path(self.path), name=self.name or Path(self.path).name,
                             pool=self.pool)
 
 
-class RollbackRequest(BaseModel):
+def _detected_kind(path: Path) -> str:
+    """A path the server cannot look into (a name too long, no permission) is no adapter: registering it says why."""
+    try:
+        return detect_kind(path)
+    except OSError:
+        return "full"
+
+
+class RollbackRequest(DocumentedModel):
     model_config = ConfigDict(extra="forbid")
 
     pool: str | None = Field(None, pattern=NAME_PATTERN)
@@ -70,10 +82,10 @@ class RollbackRequest(BaseModel):
     wait: bool = False
 
 
-class PrimeUpdateWeightsRequest(BaseModel):
+class PrimeUpdateWeightsRequest(DocumentedModel):
     model_config = ConfigDict(extra="ignore")
 
-    weight_dir: str = Field(min_length=1)
+    weight_dir: str = Field(min_length=1, json_schema_extra=ABSOLUTE_PATH)
 
     @field_validator("weight_dir")
     @classmethod
@@ -84,8 +96,12 @@ class PrimeUpdateWeightsRequest(BaseModel):
         return WeightUpdate(kind="full", op="load", path=Path(self.weight_dir))
 
 
-class WeightTarget(BaseModel):
+class WeightTarget(DocumentedModel):
     model_config = ConfigDict(extra="ignore")
+    schema_rules = ({"anyOf": [  # _op_fits_kind
+        {"properties": {"kind": {"const": "base"}, "op": {"const": "load"}}},
+        {"properties": {"kind": {"const": "lora"}, "name": {"type": "string"}}, "required": ["name"]},
+    ]},)
 
     kind: Literal["base", "lora"]
     op: Literal["load", "swap", "unload"] = "load"
@@ -100,10 +116,10 @@ class WeightTarget(BaseModel):
         return self
 
 
-class FilesystemTransport(BaseModel):
+class FilesystemTransport(DocumentedModel):
     model_config = ConfigDict(extra="ignore")
 
-    path: str = Field(min_length=1)
+    path: str = Field(min_length=1, json_schema_extra=ABSOLUTE_PATH)
 
     @field_validator("path")
     @classmethod
@@ -111,8 +127,8 @@ class FilesystemTransport(BaseModel):
         return require_absolute(path)
 
 
-class Transport(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class Transport(DocumentedModel):
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"additionalProperties": False})  # _filesystem_only
 
     filesystem: FilesystemTransport
 
@@ -126,8 +142,12 @@ class Transport(BaseModel):
         return data
 
 
-class RLUpdateWeightsRequest(BaseModel):
+class RLUpdateWeightsRequest(DocumentedModel):
     model_config = ConfigDict(extra="ignore")
+    schema_rules = ({"anyOf": [  # _transport_unless_unload
+        {"properties": {"transport": {"type": "object"}}, "required": ["transport"]},
+        {"properties": {"target": {"properties": {"op": {"const": "unload"}}, "required": ["op"]}}},
+    ]},)
 
     version: NonNegativeInt  # our policy versions are integers; "12" is accepted as 12
     target: WeightTarget
@@ -172,6 +192,7 @@ def _request_error(error: dict) -> APIError:
 
 
 def checkpoint_api_error(error: CheckpointError, param: str = "path") -> APIError:
-    """A refused checkpoint is the client's to fix: a 400 naming the request field and the rule broken."""
-    return bad_request(f"Checkpoint refused ({error.field}): {error.message}", param=param,
-                       code="invalid_checkpoint")
+    """A refused checkpoint: a well-formed request for files the server cannot serve (missing, incomplete, not
+    fitting the base model), so a 409 naming the request field and the rule broken."""
+    return APIError(409, f"Checkpoint refused ({error.field}): {error.message}", param=param,
+                    code="invalid_checkpoint")

@@ -6,6 +6,9 @@
 - POST /update_weights                  prime-rl: {"weight_dir"}; synchronous, every worker at once
 - POST /v1/rl/update_weights            Dynamo's RL shape: base load, LoRA load/swap/unload; synchronous
 - POST /pause, /resume (and /v1/rl/pause, /v1/rl/resume)   every worker of the pool
+
+A well-formed request that the pool's state refuses is a 409: another deploy running, a checkpoint that cannot be
+served (its files, or LoRA on workers without it), a version the registry refuses, no version to roll back to.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from finetune_deploy.executor import DeployBusy, Deployer, DeployError, DeployPr
 from finetune_deploy.registry import RegisteredVersion, RegistryError
 from finetune_deploy.weight_update import WeightUpdate
 from rollout_server.auth import Principal
-from rollout_server.errors import APIError, bad_request
+from rollout_server.errors import APIError, bad_request, error_responses
 from rollout_server.fast_json import parse_json
+from rollout_server.openapi import json_body
 from rollout_server.routes.deployment_bodies import (
     DeploymentRequest,
     PrimeUpdateWeightsRequest,
@@ -32,6 +36,14 @@ from rollout_server.routes.deployment_bodies import (
     checkpoint_api_error,
     parse_request,
 )
+
+# The error statuses of every route here: a missing or wrong key (401), a key that is not an admin's (403);
+# and of one that deploys, also: a bad body (400), refused by the pool's state (409), a body over the limit (413),
+# failed on a worker (502). One that names a pool, version or adapter adds its 404.
+_ADMIN_ONLY = (401, 403)
+_DEPLOYS = (*_ADMIN_ONLY, 400, 409, 413, 502)
+# A deploy or rollback answers at once (202), or when done if the request says `wait` (200)
+_DONE = {200: {"description": "Done (`wait`).", "content": {"application/json": {"schema": {}}}}}
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +73,9 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
         task.add_done_callback(_log_background_failure)
         return registered.result()
 
-    @router.post("/v1/admin/deployments", dependencies=[Depends(admin)])
+    @router.post("/v1/admin/deployments", dependencies=[Depends(admin)], status_code=202,
+                 responses={**_DONE, **error_responses(*_DEPLOYS, 404)},
+                 openapi_extra=json_body(DeploymentRequest))
     async def create_deployment(request: Request):
         req = parse_request(DeploymentRequest, await _json_body(request))
         _check_pool(deployer, req.pool)
@@ -77,12 +91,14 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
         return JSONResponse(_version_json(deployer, version), status_code=202,
                             headers={"Location": f"/v1/admin/deployments/{version.version}"})
 
-    @router.get("/v1/admin/deployments", dependencies=[Depends(admin)])
+    @router.get("/v1/admin/deployments", dependencies=[Depends(admin)], responses=error_responses(*_ADMIN_ONLY))
     async def list_deployments():
         versions = await asyncio.to_thread(deployer.registry.list, deployer.pool)
         return {"object": "list", "pool": deployer.pool, "data": [_version_json(deployer, v) for v in versions]}
 
-    @router.get("/v1/admin/deployments/{version}", dependencies=[Depends(admin)])
+    # Digits only in the path: /v1/admin/deployments/rollback is another route's, with no GET
+    @router.get("/v1/admin/deployments/{version:int}", dependencies=[Depends(admin)],
+                responses=error_responses(*_ADMIN_ONLY, 400, 404))
     async def get_deployment(version: int = Path(ge=0, le=2**63 - 1)):  # a 64-bit database integer
         try:
             found = await asyncio.to_thread(deployer.registry.get, deployer.pool, version)
@@ -92,7 +108,9 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
                   for e in await asyncio.to_thread(deployer.registry.events, deployer.pool, version)]
         return {**_version_json(deployer, found), "events": events}
 
-    @router.post("/v1/admin/deployments/rollback", dependencies=[Depends(admin)])
+    @router.post("/v1/admin/deployments/rollback", dependencies=[Depends(admin)], status_code=202,
+                 responses={**_DONE, **error_responses(*_DEPLOYS, 404)},
+                 openapi_extra=json_body(RollbackRequest, required=False))
     async def rollback(request: Request):
         req = parse_request(RollbackRequest, await _json_body(request))
         _check_pool(deployer, req.pool)
@@ -104,23 +122,27 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
             return _progress_response(await deploying())
         return JSONResponse(_version_json(deployer, await answered_early(deploying)), status_code=202)
 
-    @router.post("/update_weights", dependencies=[Depends(admin)])
+    @router.post("/update_weights", dependencies=[Depends(admin)], responses=error_responses(*_DEPLOYS),
+                 openapi_extra=json_body(PrimeUpdateWeightsRequest))
     async def prime_update_weights(request: Request):
         update = parse_request(PrimeUpdateWeightsRequest, await _json_body(request)).weight_update()
         deploying = deployer.register_and_deploy(update, "all_at_once")
         return _progress_response(await _registration_answer(deploying, update, param="weight_dir"))
 
-    @router.post("/v1/rl/update_weights", dependencies=[Depends(admin)])
+    @router.post("/v1/rl/update_weights", dependencies=[Depends(admin)], responses=error_responses(*_DEPLOYS, 404),
+                 openapi_extra=json_body(RLUpdateWeightsRequest))
     async def rl_update_weights(request: Request):
         update = parse_request(RLUpdateWeightsRequest, await _json_body(request)).weight_update()
         if update.op == "unload":
+            await _require_served_adapter(deployer, update.name)
             return _progress_response(await _worker_call(deployer.unload_adapter(update.name)))
         deploying = deployer.register_and_deploy(update, "all_at_once")
         return _progress_response(await _registration_answer(deploying, update, param="transport.filesystem.path"))
 
     for prefix in ("", "/v1/rl"):
-        router.add_api_route(f"{prefix}/pause", _pause(deployer), methods=["POST"], dependencies=[Depends(admin)])
-        router.add_api_route(f"{prefix}/resume", _resume(deployer), methods=["POST"], dependencies=[Depends(admin)])
+        for path, endpoint in ((f"{prefix}/pause", _pause(deployer)), (f"{prefix}/resume", _resume(deployer))):
+            router.add_api_route(path, endpoint, methods=["POST"], dependencies=[Depends(admin)],
+                                 responses=error_responses(*_ADMIN_ONLY))
     return router
 
 
@@ -145,6 +167,15 @@ async def _json_body(request: Request) -> object:
         raise bad_request(f"Malformed JSON in request body: {exc}", code="invalid_json") from None
 
 
+async def _require_served_adapter(deployer: Deployer, name: str) -> None:
+    """Unloading an adapter the pool does not serve is the request's mistake (404), known before any worker is
+    asked; the deployer would report it as a failed deploy (502)."""
+    served = await asyncio.to_thread(deployer.registry.serving_adapters, deployer.pool)
+    if all(adapter.name != name for adapter in served):
+        raise APIError(404, f"Pool {deployer.pool!r} serves no adapter named {name!r}.", param="target.name",
+                       code="adapter_not_found")
+
+
 def _check_pool(deployer: Deployer, pool: str | None) -> None:
     if pool is not None and pool != deployer.pool:
         raise APIError(404, f"No pool named {pool!r}; this server's pool is {deployer.pool!r}.", param="pool",
@@ -153,23 +184,26 @@ def _check_pool(deployer: Deployer, pool: str | None) -> None:
 
 async def _registration_answer(deploying: Awaitable[DeployProgress], update: WeightUpdate,
                                param: str) -> DeployProgress:
-    """A deploy of a new checkpoint; a refused checkpoint is a 400 naming the request field `param`."""
+    """A deploy of a new checkpoint; one the pool cannot take is a 409 naming the request field `param`."""
     try:
         return await _worker_call(deploying)
     except CheckpointError as exc:
         raise checkpoint_api_error(exc, param=param) from None
+    except OSError as exc:  # a path the server cannot look into (a name too long, no permission)
+        raise checkpoint_api_error(CheckpointError(f"cannot read {update.path}: {exc.strerror}", "path"),
+                                   param=param) from None
     except LoraDisabled as exc:
-        raise bad_request(str(exc), param=param, code="lora_not_enabled") from None
+        raise APIError(409, str(exc), param=param, code="lora_not_enabled") from None
     except RegistryError as exc:
-        raise bad_request(str(exc), param="version" if update.version is not None else param,
-                          code="invalid_version") from None
+        raise APIError(409, str(exc), param="version" if update.version is not None else param,
+                       code="invalid_version") from None
 
 
 async def _rollback_answer(deploying: Awaitable[DeployProgress]) -> DeployProgress:
     try:
         return await _worker_call(deploying)
-    except RegistryError as exc:
-        raise bad_request(str(exc), param="to_version", code="invalid_rollback") from None
+    except RegistryError as exc:  # no earlier version, or one that cannot serve again
+        raise APIError(409, str(exc), param="to_version", code="invalid_rollback") from None
 
 
 async def _worker_call(work):

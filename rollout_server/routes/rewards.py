@@ -16,8 +16,9 @@ import pydantic
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from rollout_server.errors import APIError, error_response
+from rollout_server.errors import APIError, error_response, error_responses
 from rollout_server.fast_json import parse_json
+from rollout_server.openapi import DocumentedModel, json_body
 from trace_pipeline.capture import TraceCapture
 from trace_pipeline.rewards import RewardError, RewardInput, attach_rewards
 from trace_pipeline.store import TraceStore
@@ -26,17 +27,32 @@ from trace_pipeline.store import TraceStore
 _REWARD_NOT_FOUND_TYPE = "invalid_request_error"
 
 
-class RewardItem(pydantic.BaseModel):
+class RewardItem(DocumentedModel):
     model_config = pydantic.ConfigDict(extra="forbid")
+    schema_rules = (  # what attach_rewards checks (trace_pipeline/rewards.py, _validate)
+        {"oneOf": [  # a request or a session
+            {"properties": {"request_id": {"type": "string"}}, "required": ["request_id"]},
+            {"properties": {"session_id": {"type": "string"}}, "required": ["session_id"]},
+        ]},
+        {"anyOf": [  # a choice of a request only
+            {"properties": {"session_id": {"type": "null"}}},
+            {"properties": {"choice_index": {"type": "null"}}},
+        ]},
+        {"anyOf": [  # something to attach
+            {"properties": {"reward": {"not": {"type": "null"}}}, "required": ["reward"]},
+            {"properties": {"advantage": {"not": {"type": "null"}}}, "required": ["advantage"]},
+            {"properties": {"metrics": {"minProperties": 1}}, "required": ["metrics"]},
+        ]},
+    )
     request_id: str | None = None
     session_id: str | None = None
     choice_index: int | None = pydantic.Field(default=None, ge=0, le=2**31 - 1)
     reward: float | None = None
     advantage: float | None = None
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = pydantic.Field(default_factory=dict)
 
 
-class RewardsBody(pydantic.BaseModel):
+class RewardsBody(DocumentedModel):
     model_config = pydantic.ConfigDict(extra="forbid")
     rewards: list[RewardItem] = pydantic.Field(min_length=1)
 
@@ -51,7 +67,8 @@ def rewards_router(capture_or_store: TraceCapture | TraceStore,
     store = capture_or_store.store if isinstance(capture_or_store, TraceCapture) else capture_or_store
     router = APIRouter()
 
-    @router.post("/v1/traces/rewards")
+    @router.post("/v1/traces/rewards", responses=error_responses(400, 401, 403, 404, 413),
+                 openapi_extra=json_body(RewardsBody))
     async def post_rewards(request: Request):
         team = await team_of_request(request)
         try:

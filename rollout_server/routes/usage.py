@@ -8,9 +8,20 @@ from typing import Callable
 from fastapi import APIRouter, Depends, Query
 
 from rollout_server.auth import Principal
-from rollout_server.errors import APIError, bad_request
+from rollout_server.errors import APIError, bad_request, error_responses
 from rollout_server.times import unix_time
-from rollout_server.usage import UsageQuery, UsageStore, parse_group_by
+from rollout_server.usage import GROUP_BY_FIELDS, UsageQuery, UsageStore, parse_group_by
+
+# The query's forms as its schema says them (the handler's parsing is the rule; these forms are all read):
+# a time (`unix_time`) as unix seconds within the years 1 to 9999 (as a number is written: 1733443200, -0.5,
+# 1.5e-05), or an ISO 8601 date (years 1000-9999, days up to 28) with an optional time and zone; `group_by` as
+# names of GROUP_BY_FIELDS separated by commas.
+_UNIX_SECONDS = r"[+-]?([0-9]{1,10}|[0-9]{0,10}\.[0-9]+)([eE]-[0-9]{1,3})?|\+?[0-9]{11}(\.[0-9]+)?"
+_ISO_8601 = (r"[1-9][0-9]{3}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])"
+             r"(T([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{6})?)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?")
+_TIME = {"pattern": f"^({_UNIX_SECONDS}|{_ISO_8601})$"}
+_NAME = f"({'|'.join(GROUP_BY_FIELDS)})?"
+_GROUP_BY = {"items": {"type": "string", "pattern": f"^ *{_NAME} *(, *{_NAME} *)*$"}}
 
 
 def usage_router(store: UsageStore, principal_dependency: Callable[..., Principal]) -> APIRouter:
@@ -19,8 +30,10 @@ def usage_router(store: UsageStore, principal_dependency: Callable[..., Principa
     A team sees its own usage; only an admin may name another team (or omit team= for all)."""
     router = APIRouter()
 
-    @router.get("/v1/usage")
-    async def get_usage(since: str | None = None, until: str | None = None, group_by: list[str] = Query([]),
+    @router.get("/v1/usage", responses=error_responses(400, 401, 403))
+    async def get_usage(since: str | None = Query(None, json_schema_extra=_TIME),
+                        until: str | None = Query(None, json_schema_extra=_TIME),
+                        group_by: list[str] = Query([], json_schema_extra=_GROUP_BY),
                         team: str | None = None, key: str | None = None, model: str | None = None,
                         who: Principal = Depends(principal_dependency)):
         query = UsageQuery(team=_team_for(who, team), key_prefix=key, model=model,

@@ -37,16 +37,16 @@ async def streamed_answer(generation: Generation, base: dict, options: StreamOpt
         async for chunk in generation.chunks():
             events = events_of(chunk)
             if chunk.final:
-                events.append(_stream_end(generation, base, options))
+                events.append(stream_end(base, options, generation.usage_dict()))
                 ended = True
             if events:
                 yield b"".join(events)
         if not ended:
-            yield _stream_end(generation, base, options)
+            yield stream_end(base, options, generation.usage_dict())
     except APIError as err:
         yield sse(err.body()) + DONE
 
 
-def _stream_end(generation: Generation, base: dict, options: StreamOptions | None) -> bytes:
-    usage = sse({**base, "choices": [], "usage": generation.usage_dict()}) if options and options.include_usage else b""
-    return usage + DONE
+def stream_end(base: dict, options: StreamOptions | None, usage: dict) -> bytes:
+    """A stream's last events: its usage, when the client asked for it, and [DONE]."""
+    return (sse({**base, "choices": [], "usage": usage}) if options and options.include_usage else b"") + DONE

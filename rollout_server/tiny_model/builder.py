@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 TINY_MODEL_NAME = "tiny-qwen2"  # the id clients use for the default model
 BASE_SEED = 1234
-RECIPE_VERSION = 4  # bump when the corpus, the tokenizer or the weight initialisation changes (training: TrainingRecipe)
+RECIPE_VERSION = 5  # bump when the corpus, the tokenizer or the weight initialisation changes (training: TrainingRecipe)
 BPE_VOCAB_SIZE = 4096
 CONTEXT_WINDOW = 32768
 # Training's float results follow the vector kernels torch, MKL and oneDNN pick for the CPU: the same seed gives
@@ -50,6 +50,9 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # token per tag too, so a value's end (`\n</parameter>`) is as plain to the model as `<tool_call>`.
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                "<function=", "</function>", "<parameter=", "</parameter>"]
+# Qwen3's reasoning markers, added tokens as there. The tiny model never writes them, but clients that render
+# Qwen3 conversations themselves (verifiers' Qwen3 renderer) look them up.
+THINK_TOKENS = ["<think>", "</think>"]
 
 
 @dataclass(frozen=True)
@@ -64,16 +67,29 @@ class TinyModelShape:
 
 
 def chat_template(tool_instructions: str, render_call: str) -> str:
-    """A ChatML template; the two tool-call formats differ only in how tools are introduced and calls written.
+    """Qwen3's ChatML template; the two tool-call formats differ only in how tools are introduced and calls written.
+
+    It renders what Qwen3's own template renders (and verifiers' Qwen3 renderer, token for token), but for one
+    rule: an assistant turn gets a `<think>` block only when it carries reasoning (`reasoning_content`, or text
+    before `</think>` in its content) and follows the last user query. Qwen3's template also writes an empty
+    block into the conversation's last assistant turn; the tiny model does not think, so it is trained, and
+    prompted, without one. Turns before the last user query lose their reasoning, as in Qwen3.
 
     HF renders chat templates with trim_blocks (a newline right after a block tag is dropped),
     so every newline that follows a tag is written as {{ nl }}.
     """
     return (
         "{% set nl = '\\n' %}"
+        # The last user query: tool responses sent as user turns do not count (multi-step tool use).
+        "{% set ns = namespace(last_query=messages | length - 1, multi_step=true) %}"
+        "{% for message in messages[::-1] %}{% set index = messages | length - 1 - loop.index0 %}"
+        "{% if ns.multi_step and message['role'] == 'user' and not "
+        "(message['content'].startswith('<tool_response>') and message['content'].endswith('</tool_response>')) %}"
+        "{% set ns.multi_step = false %}{% set ns.last_query = index %}{% endif %}"
+        "{% endfor %}"
         "{% if tools %}"
         "<|im_start|>system\n"
-        "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant.{% endif %}"
+        "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{{ nl }}{{ nl }}{% endif %}"
         + tool_instructions +
         "{% elif messages[0]['role'] == 'system' %}"
         "<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n"
@@ -81,10 +97,19 @@ def chat_template(tool_instructions: str, render_call: str) -> str:
         "{% for message in messages %}"
         "{% if message['role'] == 'system' and loop.first %}"
         "{% elif message['role'] == 'assistant' %}"
-        "<|im_start|>assistant"
-        "{% if message['content'] %}{{ nl }}{{ message['content'] }}{% endif %}"
+        "{% set content = message['content'] or '' %}{% set reasoning = '' %}"
+        "{% if message['reasoning_content'] is string %}{% set reasoning = message['reasoning_content'] %}"
+        "{% elif '</think>' in content %}"
+        "{% set reasoning = content.split('</think>')[0].split('<think>')[-1].strip(nl) %}"
+        "{% set content = content.split('</think>', 1)[1].lstrip(nl) %}"
+        "{% endif %}"
+        "<|im_start|>assistant\n"
+        "{% if reasoning and loop.index0 > ns.last_query %}"
+        "<think>\n{{ reasoning.strip(nl) }}\n</think>\n\n{{ content.lstrip(nl) }}"
+        "{% else %}{{ content }}{% endif %}"
         "{% for call in message.get('tool_calls') or [] %}"
         "{% set fn = call['function'] if call['function'] is defined else call %}"
+        "{% if not loop.first or content %}{{ nl }}{% endif %}"
         + render_call +
         "{% endfor %}<|im_end|>\n"
         "{% elif message['role'] == 'tool' %}"
@@ -102,7 +127,7 @@ def chat_template(tool_instructions: str, render_call: str) -> str:
 # Qwen2.5 / Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>
 CHAT_TEMPLATE = chat_template(
     tool_instructions=(
-        "{{ nl }}\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
         "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}"
         "{{ nl }}</tools>\n\nFor each function call, return a json object with function name and arguments "
@@ -110,7 +135,7 @@ CHAT_TEMPLATE = chat_template(
         '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
     ),
     render_call=(
-        "{{ nl }}<tool_call>\n{\"name\": \"{{ fn['name'] }}\", \"arguments\": "
+        "<tool_call>\n{\"name\": \"{{ fn['name'] }}\", \"arguments\": "
         "{% if fn['arguments'] is string %}{{ fn['arguments'] }}{% else %}{{ fn['arguments'] | tojson }}{% endif %}"
         "}\n</tool_call>"
     ),
@@ -119,14 +144,14 @@ CHAT_TEMPLATE = chat_template(
 # Qwen3-Coder / GLM: <tool_call><function=name><parameter=key>value</parameter></function></tool_call>
 XML_CHAT_TEMPLATE = chat_template(
     tool_instructions=(
-        "{{ nl }}\n# Tools\n\nYou have access to the following functions:\n\n<tools>"
+        "# Tools\n\nYou have access to the following functions:\n\n<tools>"
         "{% for tool in tools %}{{ nl }}{{ tool | tojson }}{% endfor %}"
         "{{ nl }}</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
         "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
         "</function>\n</tool_call><|im_end|>\n"
     ),
     render_call=(
-        "{{ nl }}<tool_call>\n<function={{ fn['name'] }}>"
+        "<tool_call>\n<function={{ fn['name'] }}>"
         "{% for key, value in (fn['arguments'] or {}).items() %}"
         "{{ nl }}<parameter={{ key }}>\n{% if value is string %}{{ value }}{% else %}{{ value | tojson }}{% endif %}"
         "{{ nl }}</parameter>"
@@ -214,6 +239,7 @@ def build_tiny_model(target: Path, variant: int = 0, shape: TinyModelShape = Tin
         tokenizer = _train_tokenizer(shape.bpe_vocab_size)
         tokenizer.chat_template = TEMPLATES[tool_format]
         tokenizer.save_pretrained(staging)
+        _declare_no_unk_token(staging)
         report = _write_weights(staging, shape, seed=BASE_SEED + variant, tokenizer=tokenizer, training=training)
         (staging / "rollout_serve.json").write_text(json.dumps({
             "variant": variant, "seed": BASE_SEED + variant, "tool_format": tool_format,
@@ -254,8 +280,20 @@ def _train_tokenizer(vocab_size: int):
         model_max_length=CONTEXT_WINDOW,
         clean_up_tokenization_spaces=False,
     )
-    tokenizer.add_tokens(TOOL_TOKENS)
+    tokenizer.add_tokens(TOOL_TOKENS + THINK_TOKENS)
     return tokenizer
+
+
+def _declare_no_unk_token(model_dir: Path) -> None:
+    """Writes `"unk_token": null` into tokenizer_config.json, as Qwen's own tokenizers do.
+
+    A byte-level BPE has no unknown token. Left unset, transformers' Qwen2 tokenizer class (which loads this
+    model by its config's model_type, e.g. under transformers 4) takes `<|endoftext|>` for the unknown token,
+    and clients that check special tokens against it (verifiers' renderers) refuse the tokenizer."""
+    path = model_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["unk_token"] = None
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
 def _training_corpus(lines: int = 6000):

@@ -7,6 +7,7 @@ class turns those into the structural tag for a request and into parsers.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Protocol
 
 from rollout_server.tool_calls.output import ParsedOutput
@@ -17,6 +18,8 @@ from rollout_server.tool_calls.structural_tag import combine_tags
 
 class ToolCallFormat(Protocol):
     name: str
+    call_marker: str
+    json_arguments: bool
 
     def matches_chat_template(self, chat_template: str) -> bool: ...
 
@@ -25,6 +28,8 @@ class ToolCallFormat(Protocol):
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedOutput: ...
 
     def stream_parser(self, tools: list[dict] | None = None) -> StreamParser: ...
+
+    def with_string_lengths(self) -> ToolCallFormat: ...
 
 
 class TaggedCallFormat:
@@ -35,6 +40,19 @@ class TaggedCallFormat:
     # Templates of this format iterate over a call's arguments, so the history's JSON-string
     # arguments are handed to them as objects (Hermes templates print the string as is).
     template_wants_argument_objects: bool = False
+    # Arguments are written as JSON (minLength/maxLength are then checked after, not enforced: schema_keywords.py).
+    json_arguments: bool = True
+    # The grammar enforces minLength/maxLength of JSON strings too, at the price of escape sequences in them:
+    # what a repair samples under, after a call broke a length (with_string_lengths).
+    string_lengths: bool = False
+
+    def with_string_lengths(self) -> TaggedCallFormat:
+        """This format with string lengths in its grammar (its own name, so grammars are cached apart)."""
+        if not self.json_arguments or self.string_lengths:
+            return self
+        bounded = copy.copy(self)
+        bounded.name, bounded.string_lengths = f"{self.name}+string_lengths", True
+        return bounded
 
     def matches_chat_template(self, chat_template: str) -> bool:
         raise NotImplementedError

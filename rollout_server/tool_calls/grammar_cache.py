@@ -24,6 +24,7 @@ import xgrammar
 
 from rollout_server.tool_calls.base import ToolCallFormat
 from rollout_server.tool_calls.request import ToolRequestError, validate_tool_request
+from rollout_server.tool_calls.schema_keywords import refuse_unenforced_in_strict_tools
 from rollout_server.tool_calls.structural_tag import xgrammar_reason
 
 
@@ -77,6 +78,8 @@ class GrammarCache:
 
     def _build(self, tools: Any, choice: Any, parallel: bool | None, fmt: ToolCallFormat | None) -> str | None:
         validate_tool_request(tools, choice, parallel)
+        if fmt is not None:
+            refuse_unenforced_in_strict_tools(tools, fmt.json_arguments)
         structural_tag = fmt.structural_tag(tools, choice, parallel) if fmt else None
         if structural_tag is None:
             return None

@@ -39,7 +39,7 @@ class HermesFormat(TaggedCallFormat):
 
     def tool_tag(self, tool: FunctionTool) -> dict[str, Any]:
         begin = f'{CALL_START}\n{{"name": {json.dumps(tool.name)}, "arguments": '
-        return tag(begin, json_schema_content(tool.parameters), "}\n" + CALL_END)
+        return tag(begin, json_schema_content(tool.parameters, string_lengths=self.string_lengths), "}\n" + CALL_END)
 
     def body_parser(self, tools: list[FunctionTool]) -> HermesCallBody:
         return HermesCallBody()

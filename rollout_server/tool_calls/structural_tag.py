@@ -16,27 +16,23 @@ import re
 from typing import Any
 
 from rollout_server.tool_calls.request import FunctionTool, ToolChoice
+from rollout_server.tool_calls.schema_keywords import grammar_schema
 
 # Whitespace inside the arguments JSON is capped at one character per gap, so a weak
 # model cannot spend its token budget on indentation and never close the call.
 MAX_WHITESPACE_PER_GAP = 1
 
 
-# xgrammar 0.2.8 compiles a JSON string with minLength/maxLength to a rule that admits
-# no escape sequence, so a bounded string could hold no quote, backslash or newline:
-# the model would be forced to mangle its text. Lengths are dropped instead (the raw
-# XML style has no such problem).
-_STRING_LENGTH_BOUNDS = ("minLength", "maxLength")
 # xgrammar's messages start with a time and a C++ source location: "[05:30:03] /project/cpp/x.cc:83: ..."
 _XGRAMMAR_PREFIX = re.compile(r"^\[[0-9:]+\] \S+:[0-9]+: ")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
 
 
-def json_schema_content(parameters: dict[str, Any], style: str = "json") -> dict[str, Any]:
-    if style == "json":
-        parameters = without_string_length_bounds(parameters)
+def json_schema_content(parameters: dict[str, Any], style: str = "json",
+                        string_lengths: bool = False) -> dict[str, Any]:
+    """The tag content for arguments of this schema. Keywords the grammar cannot enforce are checked on the
+    finished call (schema_keywords.py); `string_lengths` keeps minLength/maxLength of JSON strings in the
+    grammar all the same, which then admits no escape sequence in those strings (a repair's grammar)."""
+    parameters = grammar_schema(parameters, json_strings=style == "json" and not string_lengths)
     content: dict[str, Any] = {
         "type": "json_schema",
         "json_schema": parameters,
@@ -45,23 +41,6 @@ def json_schema_content(parameters: dict[str, Any], style: str = "json") -> dict
     if style != "json":
         content["style"] = style
     return content
-
-
-def without_string_length_bounds(schema: Any) -> Any:
-    """A copy of the schema without minLength/maxLength, in every subschema."""
-    if not isinstance(schema, dict):
-        return schema
-    relaxed = {key: value for key, value in schema.items() if key not in _STRING_LENGTH_BOUNDS}
-    for key in _SCHEMA_MAPS:
-        if isinstance(schema.get(key), dict):
-            relaxed[key] = {name: without_string_length_bounds(sub) for name, sub in schema[key].items()}
-    for key in _SCHEMA_LISTS:
-        if isinstance(schema.get(key), list):
-            relaxed[key] = [without_string_length_bounds(sub) for sub in schema[key]]
-    for key in _SCHEMA_VALUES:
-        if key in schema:
-            relaxed[key] = without_string_length_bounds(schema[key])
-    return relaxed
 
 
 def tag(begin: str, content: dict[str, Any], end: str) -> dict[str, Any]:

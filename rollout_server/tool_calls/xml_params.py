@@ -46,6 +46,7 @@ class XmlParamsFormat(TaggedCallFormat):
     name = "xml_params"
     call_marker = CALL_START
     template_wants_argument_objects = True
+    json_arguments = False  # values are raw text: string lengths are enforced by the grammar
 
     def matches_chat_template(self, chat_template: str) -> bool:
         return "<function=" in chat_template and "<parameter=" in chat_template

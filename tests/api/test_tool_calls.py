@@ -172,3 +172,57 @@ def test_calls_and_results_go_back_into_the_conversation(tool_client):
                                                 tool_choice="none", extra_body={"return_token_ids": True})
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert reply.usage.prompt_tokens > 100
+
+
+# uniqueItems is beyond the grammar: calls are checked when finished, and a failing one sampled again
+# (rollout_server/serving/call_repair.py). PICK_TWO can be written wrong ([1, 1]); PICK_NONE only wrong.
+def pick(name: str, values: list[int]) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": {"ids": {"type": "array", "items": {"enum": values}, "minItems": 2,
+                                                 "maxItems": 2, "uniqueItems": True}},
+        "required": ["ids"], "additionalProperties": False}}}
+
+
+PICK_TWO, PICK_NONE = pick("pick_two", [1, 2]), pick("pick_none", [1])
+PICK_MESSAGES = [{"role": "user", "content": "Pick two different ids."}]
+
+
+def ask_pick(client, tool, **kwargs):
+    return client.chat.completions.create(
+        model="tiny-qwen2", messages=PICK_MESSAGES, tools=[tool], tool_choice="required", max_tokens=200,
+        temperature=1.0, extra_body={"return_token_ids": True}, **kwargs)
+
+
+def retried(reply) -> bool:
+    """A repair sampled more tokens than the answer holds: its usage counts the discarded call's too."""
+    return reply.usage.completion_tokens > sum(len(c.model_extra["token_ids"]) for c in reply.choices)
+
+
+def test_a_call_breaking_a_checked_keyword_is_sampled_again_until_valid(tool_client):
+    replies = [ask_pick(tool_client, PICK_TWO, seed=seed) for seed in range(8)]
+    for reply in replies:
+        choice = reply.choices[0]
+        assert choice.finish_reason in ("tool_calls", "error"), choice
+        for call in choice.message.tool_calls or []:
+            jsonschema.validate(json.loads(call.function.arguments), PICK_TWO["function"]["parameters"])
+    assert any(retried(r) and r.choices[0].finish_reason == "tool_calls" for r in replies), \
+        [(r.choices[0].message, r.usage) for r in replies]
+
+
+def test_a_call_no_retry_can_make_valid_ends_in_error_with_its_text_as_content(tool_client):
+    reply = ask_pick(tool_client, PICK_NONE, seed=1)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "error" and not choice.message.tool_calls
+    assert "pick_none" in choice.message.content and retried(reply)
+    chunks = list(ask_pick(tool_client, PICK_NONE, seed=1, stream=True))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "error"
+    assert not any(c.choices[0].delta.tool_calls for c in chunks if c.choices)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == choice.message.content
+
+
+def test_a_strict_function_with_a_keyword_the_grammar_cannot_enforce_is_refused(tool_client):
+    strict = {"type": "function", "function": {**PICK_TWO["function"], "strict": True}}
+    with pytest.raises(openai.BadRequestError) as err:
+        ask_pick(tool_client, strict)
+    assert err.value.body["param"] == "tools[0].function.parameters.properties.ids.uniqueItems"

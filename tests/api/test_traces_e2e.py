@@ -20,20 +20,24 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters":
     "required": ["city"], "additionalProperties": False}}}
 
 
-def export(stack, tmp_path, fmt: str, session: str, expect_rows: int, timeout_s: float = 60.0):
-    """Exports one session until `expect_rows` rows appear (records are sealed every second)."""
+def export(stack, tmp_path, fmt: str, session: str | None, expect_rows: int | None = None,
+           timeout_s: float = 60.0, until=None):
+    """Exports one session (None: all of them) until `expect_rows` rows appear, or until `until(rows)` holds
+    (records are sealed every second)."""
     deadline = time.monotonic() + timeout_s
     attempt = 0
     while True:
         out = tmp_path / f"{fmt}-{session}-{attempt}"
         done = subprocess.run([sys.executable, "-m", "rollout_server.cli", "traces", "export", "--format", fmt,
-                               "--out", str(out), "--team", "local", "--session", session, "--no-progress",
-                               "--store", str(stack.state_dir / "traces")],
+                               "--out", str(out), "--team", "local", "--no-progress",
+                               "--store", str(stack.state_dir / "traces"), *(["--session", session] if session else [])],
                               cwd=REPO, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         rows = list(datasets.load_dataset("parquet", data_dir=str(out), split="train")) if any(out.glob("*.parquet")) else []
-        if len(rows) >= expect_rows or time.monotonic() > deadline:
-            assert len(rows) == expect_rows, rows
+        complete = until(rows) if until else len(rows) >= expect_rows
+        if complete or time.monotonic() > deadline:
+            if expect_rows is not None:
+                assert len(rows) == expect_rows, rows
             return rows
         attempt += 1
         time.sleep(1.0)

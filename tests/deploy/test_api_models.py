@@ -92,13 +92,13 @@ def test_a_bad_rl_update_is_a_400(body, param, words):
     assert error["param"] == param and words in error["message"]
 
 
-def test_a_refused_checkpoint_becomes_a_400_on_the_path(tmp_path, finetuned_dir, base_dir):
+def test_a_refused_checkpoint_becomes_a_409_on_the_path(tmp_path, finetuned_dir, base_dir):
     unfinished = copy_checkpoint(finetuned_dir, tmp_path / "writing", stable=False)
     with pytest.raises(CheckpointError) as caught:
         validate_checkpoint(unfinished, base_dir)
     error = checkpoint_api_error(caught.value, param="weight_dir")
     body = error.body()["error"]
-    assert error.status == 400 and body["param"] == "weight_dir" and body["code"] == "invalid_checkpoint"
+    assert error.status == 409 and body["param"] == "weight_dir" and body["code"] == "invalid_checkpoint"
     assert body["message"].startswith("Checkpoint refused (files):") and "STABLE" in body["message"]
 
 

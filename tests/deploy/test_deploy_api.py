@@ -85,7 +85,7 @@ def test_requests_are_validated_naming_the_field(app_and_keys, tmp_path, finetun
         ({"path": "/ckpt", "as": "delta"}, "as", 400),
         ({"path": "/ckpt", "mode": "sideways"}, "mode", 400),
         ({"path": "/ckpt", "pool": "gpu-east"}, "pool", 404),
-        ({"path": str(copy_checkpoint(finetuned_dir, tmp_path / "unstable", stable=False))}, "path", 400),
+        ({"path": str(copy_checkpoint(finetuned_dir, tmp_path / "unstable", stable=False))}, "path", 409),
     ]
     for body, param, status in cases:
         answer = app.post("/v1/admin/deployments", json=body, headers=admin)
@@ -94,12 +94,29 @@ def test_requests_are_validated_naming_the_field(app_and_keys, tmp_path, finetun
         malformed = app.post("/v1/admin/deployments", content=not_json, headers=admin)
         assert malformed.status_code == 400 and malformed.json()["error"]["code"] == "invalid_json"
     no_earlier = app.post("/v1/admin/deployments/rollback", json={}, headers=admin)
-    assert no_earlier.status_code == 400 and no_earlier.json()["error"]["param"] == "to_version"
+    assert no_earlier.status_code == 409 and no_earlier.json()["error"]["param"] == "to_version"
     assert app.get("/v1/admin/deployments/7", headers=admin).status_code == 404
     past_int64 = app.get(f"/v1/admin/deployments/{2**63}", headers=admin)
     assert (past_int64.status_code, past_int64.json()["error"]["param"]) == (400, "version")
     listed = app.get("/v1/admin/deployments", headers=admin).json()
     assert [(v["version"], v["status"]) for v in listed["data"]] == [(0, "serving")]
+
+
+def test_a_path_the_server_cannot_look_into_is_a_refused_checkpoint(app_and_keys):
+    app, admin, _ = app_and_keys
+    for body in ({"path": "/" + "x" * 300}, {"path": "/" + "x" * 300, "as": "full"}):
+        answer = app.post("/v1/admin/deployments", json=body, headers=admin)  # ENAMETOOLONG, not a 500
+        error = answer.json()["error"]
+        assert (answer.status_code, error["code"], error["param"]) == (409, "invalid_checkpoint", "path")
+        assert "File name too long" in error["message"]
+
+
+def test_unloading_an_adapter_the_pool_does_not_serve_is_a_404(app_and_keys):
+    app, admin, _ = app_and_keys
+    answer = app.post("/v1/rl/update_weights", headers=admin,
+                      json={"version": 1, "target": {"kind": "lora", "op": "unload", "name": "nobody"}})
+    error = answer.json()["error"]
+    assert (answer.status_code, error["code"], error["param"]) == (404, "adapter_not_found", "target.name")
 
 
 def test_a_lora_adapter_for_workers_without_lora_is_refused_naming_the_flag(app_and_keys, tmp_path, base_dir):
@@ -111,7 +128,7 @@ def test_a_lora_adapter_for_workers_without_lora_is_refused_naming_the_flag(app_
         "transport": {"filesystem": {"path": adapter}}})
     for answer, param in ((deploy, "path"), (rl, "transport.filesystem.path")):
         error = answer.json()["error"]
-        assert (answer.status_code, error["code"], error["param"]) == (400, "lora_not_enabled", param)
+        assert (answer.status_code, error["code"], error["param"]) == (409, "lora_not_enabled", param)
         assert "--enable-lora" in error["message"]
     listed = app.get("/v1/admin/deployments", headers=admin).json()
     assert [v["version"] for v in listed["data"]] == [0]  # nothing was registered

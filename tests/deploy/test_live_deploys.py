@@ -116,7 +116,7 @@ async def stream_while(url: str, prompt_ids: list[int], work, clients: int = 3):
 def test_unfit_checkpoints_are_refused_and_the_pool_keeps_serving(stack, checkpoints, finetuned_dir):
     unfinished = copy_checkpoint(finetuned_dir, checkpoints["root"] / "still-writing", stable=False)
     refused = admin_post(stack, "/v1/admin/deployments", {"path": str(unfinished)})
-    assert refused.status_code == 400
+    assert refused.status_code == 409
     error = refused.json()["error"]
     assert error["param"] == "path" and error["code"] == "invalid_checkpoint" and "STABLE" in error["message"]
 
@@ -124,10 +124,10 @@ def test_unfit_checkpoints_are_refused_and_the_pool_keeps_serving(stack, checkpo
     embeddings = "model.embed_tokens.weight"
     rewrite_weights(wrong_shape, lambda t: t.update({embeddings: t[embeddings][:-1]}))
     refused = admin_post(stack, "/v1/admin/deployments", {"path": str(wrong_shape)})
-    assert refused.status_code == 400 and embeddings in refused.json()["error"]["message"]
+    assert refused.status_code == 409 and embeddings in refused.json()["error"]["message"]
 
     missing = admin_post(stack, "/v1/admin/deployments", {"path": "/nowhere/at/all", "pool": "default"})
-    assert missing.status_code == 400 and missing.json()["error"]["param"] == "path"
+    assert missing.status_code == 409 and missing.json()["error"]["param"] == "path"
     other_pool = admin_post(stack, "/v1/admin/deployments", {"path": str(unfinished), "pool": "gpu-east"})
     assert other_pool.status_code == 404 and other_pool.json()["error"]["param"] == "pool"
 
@@ -228,7 +228,7 @@ def test_rl_trainer_shapes_pause_and_resume(stack, checkpoints, finetuned_dir, t
 
     stale = admin_post(stack, "/v1/rl/update_weights", {"version": 2, "target": {"kind": "base"},
                                                         "transport": {"filesystem": {"path": str(step)}}})
-    assert stale.status_code == 400 and stale.json()["error"]["param"] == "version"
+    assert stale.status_code == 409 and stale.json()["error"]["param"] == "version"
     step_20 = shutil.copytree(step, checkpoints["root"] / "rl-step-20")
     dynamo_shape = admin_post(stack, "/v1/rl/update_weights", {"version": 20, "target": {"kind": "base", "op": "load"},
                                                                "transport": {"filesystem": {"path": str(step_20)}}})

@@ -24,7 +24,7 @@ def test_object_bytes_per_format_for_the_tiny_model():
     # 4 layers x 2 heads x 32 tokens x (K, V): 512 vectors of 64 values.
     assert object_bytes(TINY, 32, "float32") == 512 * 64 * 4
     assert object_bytes(TINY, 32, "bfloat16") == 512 * 64 * 2
-    assert object_bytes(TINY, 32, "nvfp4") == 4 * 4 + 512 * (32 + 4)  # per-layer FP32 scales, then 36-byte rows
+    assert object_bytes(TINY, 32, "nvfp4") == 4 * 2 * 4 + 512 * (32 + 4)  # FP32 scales per layer (K, V), 36-byte rows
 
 
 def test_capacity_counts_whole_blocks():

@@ -3,9 +3,13 @@
 The kernels issue measured NVFP4 KV by the attention output of the last 128 positions of a text
 against BF16 KV (benchmarks/kv_formats.py: `attn_rel_error_nvfp4`, per-layer calibrated scales).
 Here the same activations go through the tier instead: BF16 caches (what the workers hold) ->
-NVFP4 objects -> caches, and the same attention rows are compared against BF16 KV.
+NVFP4 objects -> caches, and the same attention rows are compared against BF16 KV. The kernels'
+figure is taken on the same BF16 values: rounding to BF16 before NVFP4 costs accuracy of its own
+(recipe-5 tiny model: 0.147 from float32 K/V, 0.156 from their BF16 rounding), which the tier, fed by BF16
+caches, cannot avoid and is not what this compares.
 """
 
+import dataclasses
 import math
 
 import pytest
@@ -39,7 +43,9 @@ def relative_error_vs_bf16(activations, nvfp4: bool) -> float:
 
 
 def test_nvfp4_tier_blocks_are_within_the_kernels_nvfp4_accuracy(activations):
-    kernels = accuracy_report(activations)["attn_rel_error_nvfp4"]
+    as_held = [dataclasses.replace(layer, k=layer.k.bfloat16().float(), v=layer.v.bfloat16().float())
+               for layer in activations]
+    kernels = accuracy_report(as_held)["attn_rel_error_nvfp4"]
     tier = relative_error_vs_bf16(activations, nvfp4=True)
     print(f"attention-output relative error vs BF16 KV: tier NVFP4 {tier:.4f}, kernels' NVFP4 {kernels:.4f}")
     assert 0 < tier <= kernels * MARGIN

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from benchmarks.tool_schemas import TOOL_SUITE
 from rollout_server.tool_calls import format_by_name
-from rollout_server.tool_calls.structural_tag import without_string_length_bounds
+from rollout_server.tool_calls.schema_keywords import grammar_schema
 from tests.tiny_models import trained_tiny_model
 
 pytestmark = pytest.mark.stack  # the trained model takes minutes to build
@@ -68,7 +68,7 @@ def test_the_served_model_finishes_calls_under_the_grammar_at_temperature_1(tool
             continue
         [call] = fmt.parse(text, tools).tool_calls
         parameters = by_name[name]["function"]["parameters"]
-        schema = without_string_length_bounds(parameters) if tool_format == "hermes" else parameters
+        schema = grammar_schema(parameters, json_strings=tool_format == "hermes")
         jsonschema.validate(json.loads(call["function"]["arguments"]), schema)
         lengths.append(len(tokenizer(text, add_special_tokens=False)["input_ids"]))
     # XML values are raw text with no closing quote: the model must learn to end one with `\n</parameter>`,

@@ -108,7 +108,7 @@ def test_cache_returns_the_fragment_for_the_request(fmt):
 
 def test_length_bounds_are_dropped_from_json_arguments_only():
     from rollout_server.tool_calls import format_by_name
-    from rollout_server.tool_calls.structural_tag import without_string_length_bounds
+    from rollout_server.tool_calls.schema_keywords import grammar_schema
 
     schema = {
         "type": "object",
@@ -119,7 +119,7 @@ def test_length_bounds_are_dropped_from_json_arguments_only():
         },
         "required": ["minLength"],
     }
-    assert without_string_length_bounds(schema) == {
+    assert grammar_schema(schema, json_strings=True) == {
         "type": "object",
         "properties": {
             "minLength": {"type": "string"},
