@@ -14,9 +14,10 @@ Each model's JSON schema (the OpenAPI document's) says what its validators requi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -34,7 +35,6 @@ from rollout_server.errors import APIError, bad_request
 from rollout_server.openapi import DocumentedModel
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"  # pool ids and served model ids
-ABSOLUTE_PATH = {"pattern": "^/"}  # require_absolute, as the schema says it
 
 
 def require_absolute(path: str) -> str:
@@ -43,21 +43,20 @@ def require_absolute(path: str) -> str:
     return path
 
 
+# A path on the server, checked by require_absolute; the schema says it as a pattern
+AbsolutePath = Annotated[str, Field(min_length=1, json_schema_extra={"pattern": "^/"}), AfterValidator(require_absolute)]
+
+
 class DeploymentRequest(DocumentedModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
-    path: str = Field(min_length=1, json_schema_extra=ABSOLUTE_PATH)
+    path: AbsolutePath
     pool: str | None = Field(None, pattern=NAME_PATTERN)  # None: the stack's pool
     as_: Literal["full", "lora"] | None = Field(None, alias="as")  # None: detected from the files
     name: str | None = Field(None, pattern=NAME_PATTERN)
     mode: Literal["rolling", "all_at_once"] | None = None  # full weights; None: the server's default
     in_flight: Literal["finish", "abort"] | None = None  # requests on a worker about to reload; None: the default
     wait: bool = False  # answer when the deploy is done, instead of at once (202) with its progress
-
-    @field_validator("path")
-    @classmethod
-    def _absolute_path(cls, path: str) -> str:
-        return require_absolute(path)
 
     def weight_update(self) -> WeightUpdate:
         kind = self.as_ or _detected_kind(Path(self.path))
@@ -85,12 +84,7 @@ class RollbackRequest(DocumentedModel):
 class PrimeUpdateWeightsRequest(DocumentedModel):
     model_config = ConfigDict(extra="ignore")
 
-    weight_dir: str = Field(min_length=1, json_schema_extra=ABSOLUTE_PATH)
-
-    @field_validator("weight_dir")
-    @classmethod
-    def _absolute_path(cls, path: str) -> str:
-        return require_absolute(path)
+    weight_dir: AbsolutePath
 
     def weight_update(self) -> WeightUpdate:
         return WeightUpdate(kind="full", op="load", path=Path(self.weight_dir))
@@ -119,12 +113,7 @@ class WeightTarget(DocumentedModel):
 class FilesystemTransport(DocumentedModel):
     model_config = ConfigDict(extra="ignore")
 
-    path: str = Field(min_length=1, json_schema_extra=ABSOLUTE_PATH)
-
-    @field_validator("path")
-    @classmethod
-    def _absolute_path(cls, path: str) -> str:
-        return require_absolute(path)
+    path: AbsolutePath
 
 
 class Transport(DocumentedModel):
