@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterable, Literal, Protocol, Sequence
 
-from engine.ids import DEFAULT_POOL, PoolName, RequestId, SessionId, WorkerId
+from engine.ids import DEFAULT_POOL, PolicyVersion, PoolName, RequestId, SessionId, WorkerId
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,10 @@ class EngineRequest:
     pool: PoolName = DEFAULT_POOL        # the capacity pool that serves it (engine/supervisor/pools.py)
     stream_interval: int = 1             # tokens a worker gathers per message (engine/stream_interval.py)
     cache_salt: str | None = None        # only requests with the same salt share cached KV
+    max_policy_lag: int | None = None    # ends it (finish reason POLICY_LAG) once tokens come from weights more
+                                         # than this many versions past its first token's (PolicyLag)
+    min_policy_version: int | None = None  # serve it only on workers at this policy version or newer: the front
+    allowed_workers: frozenset[WorkerId] | None = None  # door names them (None: any worker of its pool)
 
 
 @dataclass
@@ -90,6 +94,7 @@ class SampledToken:
     token_id: int
     logprob: float | None                # None: not asked of the engine (EngineRequest.logprobs)
     top: list[tuple[int, float]]         # (id, logprob), most likely first; empty unless top_logprobs > 0
+    policy_version: PolicyVersion | None = None  # the weights that sampled it, as the engine says (stamp_versions)
 
 
 @dataclass
@@ -126,6 +131,47 @@ class EngineClient(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+POLICY_LAG = "policy_lag"  # the finish reason of a request its staleness budget ended
+
+
+class PolicyLag:
+    """A request's staleness budget (`EngineRequest.max_policy_lag`): tokens are kept while the policy version
+    that sampled them is at most `budget` past the version of the request's first token; the first one beyond
+    ends the request, without it. A token with no version (not stamped by the engine) is kept."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.start: PolicyVersion | None = None
+
+    def kept(self, tokens: list[SampledToken]) -> int:
+        """How many of `tokens` (the next ones sampled, in order) are within the budget."""
+        for i, token in enumerate(tokens):
+            if token.policy_version is None:
+                continue
+            if self.start is None:
+                self.start = token.policy_version
+            elif token.policy_version - self.start > self.budget:
+                return i
+        return len(tokens)
+
+
+def stamp_versions(tokens: list[SampledToken], first_index: int, runs: Sequence[Sequence] | None) -> None:
+    """Stamps each token with the policy version of the engine's run it falls in.
+
+    `runs` are the choice's [version label, first output index] pairs so far, in order (the worker's
+    `weight_versions`, engine/worker/in_flight_updates.py); `first_index` is the first token's output index.
+    A label that is not a version number (vLLM's "default": a worker that was never labelled) stamps nothing,
+    and the front door falls back on the serving worker's version."""
+    if not runs:
+        return
+    starts = [(int(first), PolicyVersion(int(label)) if str(label).isdigit() else None) for label, first in runs]
+    run = 0
+    for offset, token in enumerate(tokens):
+        while run + 1 < len(starts) and starts[run + 1][0] <= first_index + offset:
+            run += 1
+        token.policy_version = starts[run][1]
 
 
 def sampled_tokens(ids: Sequence[int], logprobs: Sequence[float] | None,

@@ -6,8 +6,10 @@ the front door's model table learns which worker runs which version as it
 happens, so every response is stamped with the version that produced it.
 
 Full weights, per worker: pause (in-flight requests finish on the old weights,
-or are aborted with a retryable error: `DeploySettings.in_flight`), reload the
-weights in place, reset every KV cache tier, resume. Requests that arrive at a
+are aborted with a retryable error, or are kept: frozen, then they go on under
+the new weights, every token stamped with the version that sampled it:
+`DeploySettings.in_flight`), reload the weights in place, reset every KV cache
+tier, resume. Requests that arrive at a
 paused worker wait in its queue; nothing is dropped. If a step fails, workers
 already switched go back to the old weights and every paused worker resumes: the
 pool keeps serving the old version, and the version is marked failed.
@@ -24,10 +26,11 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 from engine.ids import PolicyVersion
-from engine.supervisor.worker_control import WorkerControl, WorkerControlError, WorkerHandle
+from engine.supervisor.worker_control import PauseMode, WorkerControl, WorkerControlError, WorkerHandle
+from engine.weight_stamps import RunningKv
 from finetune_deploy.registry import CheckpointRegistry, RegisteredVersion
 from finetune_deploy.rollout_plan import Mode, Step, plan_rollout
 from finetune_deploy.served_models import ModelTable
@@ -59,33 +62,46 @@ class DeployProgress:
     name: str
     action: str          # deploy | rollback | unload
     mode: str            # rolling | all_at_once (full), every_worker (lora)
+    in_flight: str = "finish"  # what requests running on a paused worker did: finish | abort | keep
     status: str = "deploying"
     steps_done: int = 0
     steps_total: int = 0
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     error: str | None = None
+    pauses_s: list[float] = field(default_factory=list)  # each worker's pause: from asking to resumed
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
 WorkerLister = Callable[[], Awaitable[list[WorkerHandle]]]
-TierReset = Callable[[WorkerHandle, int], Awaitable[None]]  # a worker's host-tier KV is now keyed by this version
+
+
+class HostTierKeys(Protocol):
+    """What a worker's host-tier KV is keyed by (engine/kv_tier/policy.py): the deployer says so before new
+    weights serve, so KV of other weights is never looked up."""
+
+    async def full_weights(self, worker: WorkerHandle, version: PolicyVersion) -> None: ...
+
+    async def adapter(self, worker: WorkerHandle, name: str, version: PolicyVersion | None) -> None: ...
 
 
 class Deployer:
     def __init__(self, registry: CheckpointRegistry, models: ModelTable, list_workers: WorkerLister,
-                 settings: DeploySettings, reset_host_tier: TierReset | None = None, lora_enabled: bool = False):
+                 settings: DeploySettings, host_tier: HostTierKeys | None = None, lora_enabled: bool = False):
         self.registry = registry
         self.lora_enabled = lora_enabled  # the workers started with --enable-lora
         self.models = models
         self.list_workers = list_workers
         self.settings = settings
-        self.reset_host_tier = reset_host_tier
+        self.host_tier = host_tier  # None: the workers run without the KV tier
         self.history: list[DeployProgress] = []
+        self.paused_since: dict[str, float] = {}  # worker name -> time.monotonic() when its pause began
+        self.on_pause_ended: Callable[[float], None] | None = None  # seconds a worker was paused (metrics)
         self._lock = asyncio.Lock()
-        self._in_flight = settings.in_flight  # of the deploy running now
+        self._in_flight = settings.in_flight    # of the deploy running now
+        self._running_kv = settings.running_kv  # of the deploy running now (in_flight keep)
 
     @property
     def pool(self) -> str:
@@ -101,7 +117,8 @@ class Deployer:
     # ---- what the API asks for ---------------------------------------------------------------
 
     async def register_and_deploy(self, update: WeightUpdate, mode: Mode | None = None, in_flight: str | None = None,
-                                  registered: asyncio.Future | None = None) -> DeployProgress:
+                                  registered: asyncio.Future | None = None,
+                                  running_kv: RunningKv | None = None) -> DeployProgress:
         """Registers a checkpoint and moves the pool to it; returns when done. `registered` (if given) learns the
         version as soon as it is numbered, for a caller that answers before the deploy ends.
 
@@ -111,7 +128,7 @@ class Deployer:
         async with self._claim():
             version = await asyncio.to_thread(self._register, update)
             _tell(registered, version)
-            return await self._deploy(version, mode, "deploy", in_flight)
+            return await self._deploy(version, mode, "deploy", in_flight, running_kv)
 
     async def rollback(self, to_version: int | None = None, message: str = "",
                        registered: asyncio.Future | None = None) -> DeployProgress:
@@ -142,11 +159,25 @@ class Deployer:
 
     async def pause_all(self) -> None:
         for worker in await self.list_workers():
-            await WorkerControl(worker).pause(self._pause_mode())
+            await self._pause(worker)
 
     async def resume_all(self) -> None:
         for worker in await self.list_workers():
-            await WorkerControl(worker).resume()
+            await self._resume(worker)
+
+    async def _pause(self, worker: WorkerHandle) -> None:
+        self.paused_since.setdefault(worker.name, time.monotonic())
+        await WorkerControl(worker).pause(self._pause_mode())
+
+    async def _resume(self, worker: WorkerHandle, progress: DeployProgress | None = None) -> None:
+        await WorkerControl(worker).resume()
+        since = self.paused_since.pop(worker.name, None)
+        if since is not None:
+            paused_s = time.monotonic() - since
+            if progress is not None:
+                progress.pauses_s.append(round(paused_s, 4))
+            if self.on_pause_ended is not None:
+                self.on_pause_ended(paused_s)
 
     async def restore(self) -> None:
         """After a restart the workers run the base weights: put back what the registry says serves."""
@@ -165,7 +196,7 @@ class Deployer:
         engine/supervisor/pools.py) the adapters served beside those weights."""
         for adapter in await self._serving_adapters():
             for worker in workers:
-                await WorkerControl(worker).load_lora(adapter.name, Path(adapter.path))
+                await self._load_lora(worker, adapter)
             log.info("pool %s: adapter %s version %d loaded on %s", self.pool, adapter.name, adapter.version,
                      ", ".join(w.name for w in workers))
 
@@ -197,9 +228,10 @@ class Deployer:
             yield
 
     async def _deploy(self, version: RegisteredVersion, mode: Mode | None, action: str,
-                      in_flight: str | None) -> DeployProgress:
+                      in_flight: str | None, running_kv: RunningKv | None = None) -> DeployProgress:
         """Moves the pool to a registered (or, for a rollback, re-activated) version; the caller holds the lock."""
         self._in_flight = in_flight or self.settings.in_flight
+        self._running_kv = running_kv or self.settings.running_kv
         workers = await self.list_workers()
         if version.kind == "lora":
             progress = await self._start(version, action, "every_worker", len(workers))
@@ -207,6 +239,17 @@ class Deployer:
         mode = mode or self.settings.mode
         if mode == "rolling" and len(workers) < 2:
             mode = "all_at_once"
+        disaggregated = any(w.role != "aggregated" for w in workers)
+        if disaggregated and mode == "rolling":
+            # Any prefill worker may hand a request to any decode worker: one at a time, a request could be
+            # prefilled by one version and decoded by another. All at once, none is.
+            log.info("pool %s: prefill and decode workers move together (all_at_once), not rolling", self.pool)
+            mode = "all_at_once"
+        if disaggregated and self._in_flight == "keep":
+            # Requests reach prefill/decode workers through Dynamo's frontend, which carries no per-token
+            # versions: a request kept across the update could not say which weights sampled which token.
+            log.info("pool %s: in_flight keep needs aggregated workers; requests in flight finish first", self.pool)
+            self._in_flight = "finish"
         steps = self._plan(workers, mode, version)
         progress = await self._start(version, action, mode, len(steps))
         return await self._finish(progress, self._roll(version, workers, steps, progress))
@@ -221,7 +264,7 @@ class Deployer:
         switched: set[str] = set()
         try:
             for step in steps:
-                await self._run_step(step, by_name[step.worker], version, paused, switched)
+                await self._run_step(step, by_name[step.worker], version, paused, switched, progress)
                 progress.steps_done += 1
         except WorkerControlError as exc:
             await self._put_back(old, [by_name[n] for n in switched], [by_name[n] for n in paused])
@@ -229,22 +272,22 @@ class Deployer:
         self.models.base_switched(version.version, version.path)
 
     async def _run_step(self, step: Step, worker: WorkerHandle, version: RegisteredVersion, paused: set[str],
-                        switched: set[str]) -> None:
+                        switched: set[str], progress: DeployProgress) -> None:
         control = WorkerControl(worker)
         if step.action == "pause":
             if self._pause_mode() == "abort" and worker.instance_id is not None:
                 self.models.worker_aborting(worker.instance_id)
-            await control.pause(self._pause_mode())
+            await self._pause(worker)
             paused.add(worker.name)
         elif step.action == "update_weights":
             switched.add(worker.name)  # before the call: a half-done reload must be undone too
-            await control.load_weights(Path(version.path), version.version)
+            await control.load_weights(Path(version.path), version.version, self._running_kv)
             if worker.instance_id is not None:
                 self.models.worker_switched(worker.instance_id, version.version)
         elif step.action == "reset_kv":
             await self._reset_tiers(worker, step.tiers, version.version)
         elif step.action == "resume":
-            await control.resume()
+            await self._resume(worker, progress)
             paused.discard(worker.name)
 
     async def _put_back(self, old: RegisteredVersion, switched: list[WorkerHandle], paused: list[WorkerHandle]) -> None:
@@ -253,7 +296,7 @@ class Deployer:
             control = WorkerControl(worker)
             try:
                 if worker not in paused:
-                    await control.pause(self._pause_mode())
+                    await self._pause(worker)
                     paused.append(worker)
                 await control.load_weights(Path(old.path), old.version)
                 await self._reset_tiers(worker, self._tiers(), old.version)
@@ -263,7 +306,7 @@ class Deployer:
                 log.exception("%s: could not go back to version %d", worker.name, old.version)
         for worker in paused:
             try:
-                await WorkerControl(worker).resume()
+                await self._resume(worker)
             except WorkerControlError:
                 log.exception("%s: could not resume", worker.name)
 
@@ -281,15 +324,15 @@ class Deployer:
     async def _reset_tiers(self, worker: WorkerHandle, tiers: tuple[str, ...], version: PolicyVersion) -> None:
         if "device" in tiers:
             await WorkerControl(worker).flush_cache()
-        if "host" in tiers and self.reset_host_tier is not None:
+        if "host" in tiers and self.host_tier is not None:
             # Host-tier blocks are keyed by policy version: switching the key is the reset (old blocks age out).
-            await self.reset_host_tier(worker, version)
+            await self.host_tier.full_weights(worker, version)
 
     def _tiers(self) -> tuple[str, ...]:
-        return ("device", "host") if self.reset_host_tier is not None else ("device",)
+        return ("device", "host") if self.host_tier is not None else ("device",)
 
-    def _pause_mode(self) -> str:
-        return "wait" if self._in_flight == "finish" else "abort"
+    def _pause_mode(self) -> PauseMode:
+        return {"finish": "wait", "abort": "abort", "keep": "keep"}[self._in_flight]
 
     # ---- LoRA adapters -------------------------------------------------------------------------
 
@@ -299,7 +342,7 @@ class Deployer:
         loaded: list[WorkerHandle] = []
         for worker in workers:
             try:
-                await WorkerControl(worker).load_lora(version.name, Path(version.path))
+                await self._load_lora(worker, version)
             except WorkerControlError as exc:
                 if new_name:  # a half-loaded new adapter would be served by some workers only
                     await _unload_quietly(version.name, loaded)
@@ -308,11 +351,24 @@ class Deployer:
             progress.steps_done += 1
         self.models.adapter_loaded(version.name, version.version, version.path)
 
+    async def _load_lora(self, worker: WorkerHandle, adapter: RegisteredVersion) -> None:
+        """Loads an adapter version on one worker, its host-tier KV keyed by that version first: loading it
+        waits for the requests of the version it replaces, and holds new ones back until it is loaded."""
+        serving = self.models.adapters.get(adapter.name)
+        if self.host_tier is not None:
+            await self.host_tier.adapter(worker, adapter.name, adapter.version)
+        try:
+            await WorkerControl(worker).load_lora(adapter.name, Path(adapter.path))
+        except WorkerControlError:
+            if self.host_tier is not None:  # the worker still runs what it ran
+                await self.host_tier.adapter(worker, adapter.name, serving.policy_version if serving else None)
+            raise
+
     # ---- bookkeeping ---------------------------------------------------------------------------
 
     async def _start(self, version: RegisteredVersion, action: str, mode: str, steps_total: int) -> DeployProgress:
         progress = DeployProgress(self.pool, version.version, version.kind, version.name, action, mode,
-                                  steps_total=steps_total)
+                                  self._in_flight, steps_total=steps_total)
         self.history.append(progress)
         if action != "restore":
             message = f"{action}: {mode} over {steps_total} steps"

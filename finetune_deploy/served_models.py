@@ -51,6 +51,13 @@ class ModelTable:
         """The full-weights version a worker runs (mid-rollout, not every worker runs the pool's)."""
         return self._worker_versions.get(worker_id, self.base.policy_version)
 
+    def workers_at_least(self, model: ServedModel, version: PolicyVersion) -> frozenset[WorkerId] | None:
+        """The workers that serve `model` at `version` or newer: None when every worker does (no restriction),
+        an empty set when none does. Mid-rollout only the workers already switched serve the new version."""
+        if model.parent is not None or self.base.policy_version >= version:
+            return None if model.policy_version >= version else frozenset()
+        return frozenset(worker for worker, v in self._worker_versions.items() if v >= version)
+
     # ---- changes made by deploys ------------------------------------------------------
 
     def worker_switched(self, worker_id: WorkerId, version: PolicyVersion) -> None:

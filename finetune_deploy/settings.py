@@ -7,13 +7,21 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from engine.ids import DEFAULT_POOL
+from engine.weight_stamps import RunningKv
 from finetune_deploy.rollout_plan import Mode
+
+InFlight = Literal["finish", "abort", "keep"]
 
 
 class DeploySettings(BaseModel):
     pool: str = Field(DEFAULT_POOL, description="name of the pool the stack's workers form, in the deploy registry")
-    in_flight: Literal["finish", "abort"] = Field(
+    in_flight: InFlight = Field(
         "finish", description="requests running on a worker that is about to load new weights: finish them on the "
-                              "old weights first, or abort them with a retryable error")
+                              "old weights first, abort them with a retryable error, or keep them (frozen while the "
+                              "weights change, then they go on under the new ones; the RL routes' default)")
+    running_kv: RunningKv = Field(
+        "keep", description="in_flight keep: the KV that kept requests computed under the old weights is kept "
+                            "(no recompute; later tokens attend to it), or recomputed under the new weights (one "
+                            "prefill per running request)")
     mode: Mode = Field("rolling", description="full-weight deploys: rolling (one worker at a time; needs 2+ "
                                               "workers, else all_at_once) or all_at_once")

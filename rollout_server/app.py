@@ -184,6 +184,7 @@ def create_app(state: AppState) -> GenerationRoutes:
         rows = await _worker_rows(state)
         for row in rows or []:
             row["policy_version"] = ctx.models.version_of_worker(row.get("instance_id"))
+            row["paused"] = state.deployer is not None and f"worker-{row['worker']}" in state.deployer.paused_since
             if row.get("instance_id") is not None:
                 row["instance_id"] = str(row["instance_id"])  # worker ids leave the process as decimal text
         return {"model": ctx.model_name, "policy_version": ctx.models.base.policy_version, "workers": rows or [],

@@ -25,7 +25,7 @@ from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest, TokenizeRequest
 from rollout_server.serving.call_repair import CallRepair
 from rollout_server.serving.context import ServingContext
-from rollout_server.serving.finished import ChoiceResult
+from rollout_server.serving.finished import ChoiceResult, policy_versions
 from rollout_server.serving.generation import Generation
 from rollout_server.serving.prompt_checks import check_prompt, check_prompt_chars
 from rollout_server.serving.sampling import sampling_for, stream_interval_for
@@ -162,7 +162,8 @@ async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, 
         model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
         max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.top_logprobs or 0,
         logprobs=req.logprobs or ctx.settings.traces.keeps_logprobs,
-        guided=guided, session_id=session_id, cache_salt=req.cache_salt,
+        guided=guided, session_id=session_id, cache_salt=req.cache_salt, max_policy_lag=req.max_policy_lag,
+            min_policy_version=req.min_policy_version,
         stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval),
     )
 
@@ -224,7 +225,7 @@ def _choice_json(ctx: ServingContext, req: ChatCompletionRequest, choice: Choice
     body = {
         "index": choice.index, "message": choice.message, "finish_reason": choice.finish_reason,
         "logprobs": chat_logprobs(ctx.tokenizer, choice.tokens, req.top_logprobs or 0, req.return_tokens_as_token_ids)
-        if req.logprobs else None,
+        if req.logprobs else None, "policy_versions": policy_versions(choice.tokens),
     }
     if req.return_token_ids:
         body["token_ids"] = choice.token_ids
@@ -271,7 +272,8 @@ def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generat
         events = []
         for delta in chunk.deltas:
             stream = streams.setdefault(delta.index, _ChoiceStream(delta.index, tool_plan))
-            for choice in _chunk_choices(ctx, req, stream, delta):
+            sampled = len(generation.choices[delta.index].tokens) - len(delta.tokens)
+            for choice in _chunk_choices(ctx, req, stream, delta, sampled):
                 events.append(sse({**base, "choices": [choice], **running_usage_of(generation, running_usage)}))
             if delta.finish_reason:
                 result = generation.choices[delta.index]
@@ -281,17 +283,20 @@ def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generat
     return streamed_answer(generation, base, req.stream_options, events_of)
 
 
-def _chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, stream: _ChoiceStream, delta: ChoiceDelta) -> list[dict]:
-    """The chunk choices for one engine delta."""
+def _chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, stream: _ChoiceStream, delta: ChoiceDelta,
+                   first_index: int) -> list[dict]:
+    """The chunk choices for one engine delta, whose first token is the choice's `first_index`-th."""
     deltas, finish = stream.deltas(delta)
-    return _as_chunk_choices(ctx, req, delta.index, deltas, finish, delta.tokens)
+    return _as_chunk_choices(ctx, req, delta.index, deltas, finish, delta.tokens, first_index)
 
 
 def _as_chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, index: int, deltas: list[dict],
-                      finish: str | None, tokens: list[SampledToken]) -> list[dict]:
-    """Chunk choices for these deltas; the tokens and their logprobs ride on the first of them."""
+                      finish: str | None, tokens: list[SampledToken], first_index: int = 0) -> list[dict]:
+    """Chunk choices for these deltas; the tokens, their logprobs and versions ride on the first of them."""
     choices = [{"index": index, "delta": d, "finish_reason": None, "logprobs": None} for d in deltas or [{}]]
     choices[-1]["finish_reason"] = finish
+    if tokens:
+        choices[0]["policy_versions"] = policy_versions(tokens, first_index)
     if req.logprobs:
         choices[0]["logprobs"] = chat_logprobs(ctx.tokenizer, tokens, req.top_logprobs or 0,
                                                req.return_tokens_as_token_ids)

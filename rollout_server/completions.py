@@ -15,7 +15,7 @@ from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.logprobs import completion_logprobs
 from rollout_server.protocol import CompletionRequest
 from rollout_server.serving.context import ServingContext
-from rollout_server.serving.finished import ChoiceResult
+from rollout_server.serving.finished import ChoiceResult, policy_versions
 from rollout_server.serving.generation import Generation, gather_generations, start_all
 from rollout_server.serving.prompt_checks import check_prompt, check_prompt_chars
 from rollout_server.serving.sampling import sampling_for, stream_interval_for
@@ -61,7 +61,8 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
             model=req.model, request_id=request_id if len(prompts) == 1 else f"{request_id}-{i}",
             prompt_token_ids=ids, max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.logprobs or 0,
             logprobs=req.logprobs is not None or ctx.settings.traces.keeps_logprobs,
-            guided=guided, session_id=session_id, cache_salt=req.cache_salt,
+            guided=guided, session_id=session_id, cache_salt=req.cache_salt, max_policy_lag=req.max_policy_lag,
+            min_policy_version=req.min_policy_version,
             stream_interval=stream_interval_for(ctx, req.stream, req.stream_interval))
         generations.append(Generation(ctx, engine_request, who=who, endpoint="completions",
                                       request_body=req.model_dump(exclude_none=True)))
@@ -88,7 +89,8 @@ async def completions(ctx: ServingContext, req: CompletionRequest, session_heade
 
 def _choice_json(ctx: ServingContext, req: CompletionRequest, g: Generation, c: ChoiceResult, index: int) -> dict:
     prefix = ctx.tokenizer.decode(g.req.prompt_token_ids) if req.echo else ""
-    body = {"index": index, "text": prefix + c.text, "finish_reason": c.finish_reason, "logprobs": None}
+    body = {"index": index, "text": prefix + c.text, "finish_reason": c.finish_reason, "logprobs": None,
+            "policy_versions": policy_versions(c.tokens)}
     if req.logprobs is not None:
         body["logprobs"] = completion_logprobs(ctx.tokenizer, c.tokens, req.logprobs, req.return_tokens_as_token_ids)
     if req.return_token_ids:
@@ -111,6 +113,9 @@ def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation)
                 echoed.add(delta.index)
                 text = ctx.tokenizer.decode(generation.req.prompt_token_ids) + text
             choice = {"index": delta.index, "text": text, "finish_reason": delta.finish_reason, "logprobs": None}
+            if delta.tokens:
+                sampled = len(generation.choices[delta.index].tokens) - len(delta.tokens)
+                choice["policy_versions"] = policy_versions(delta.tokens, sampled)
             if req.logprobs is not None:
                 choice["logprobs"] = completion_logprobs(ctx.tokenizer, delta.tokens, req.logprobs,
                                                          req.return_tokens_as_token_ids)

@@ -1,8 +1,8 @@
 """Prometheus metrics of the front door (GET /metrics).
 
-Counts what clients see: requests, prompt / cached / completion tokens, TTFT and
-inter-token latency, and per-worker load and cache hits (the worker that served
-each request is reported by Dynamo's router).
+Counts what clients see: requests, prompt / cached / completion tokens (and the policy version that
+sampled each), TTFT and inter-token latency, per-worker load and cache hits (the worker that served
+each request is reported by Dynamo's router), and how long weight updates paused workers.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from engine.contract import POLICY_LAG
 from rollout_server.serving.finished import FinishedGeneration
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
@@ -44,6 +45,13 @@ class Metrics:
         self.session_prompt_tokens_reused = Gauge(
             "rollout_session_prompt_tokens_reused", "Prompt tokens of returning session turns not tokenized again "
             "(their ids kept from the turn before), since start", registry=r)
+        self.completion_tokens_by_version = Counter(
+            "rollout_completion_tokens_by_policy_version", "Completion tokens, by the policy version that sampled "
+            "them", ["version"], registry=r)
+        self.stale_requests = Counter("rollout_requests_ended_for_staleness", "Choices ended by their "
+                                      "max_policy_lag (finish reason policy_lag)", registry=r)
+        self.update_pause = Histogram("rollout_weight_update_pause_seconds", "How long a worker was paused for a "
+                                      "weight update or an admin pause", buckets=_LATENCY_BUCKETS, registry=r)
         self.deployment_healthy = Gauge("rollout_deployment_healthy", "1 if the deployment (Dynamo frontend + "
                                         "workers) is in rotation", ["pool", "deployment"], registry=r)
 
@@ -61,6 +69,11 @@ class Metrics:
         self.prompt_tokens.inc(g.prompt_tokens)
         self.cached_tokens.inc(g.cached_tokens)
         self.completion_tokens.inc(g.completion_tokens)
+        for choice in g.choices:
+            for version, count in Tally(t.policy_version for t in choice.tokens).items():
+                self.completion_tokens_by_version.labels(str(version)).inc(count)
+            if choice.finish_reason == POLICY_LAG:
+                self.stale_requests.inc()
         if g.ttft_s is not None:
             self.ttft.observe(g.ttft_s)
         observe_all(self.itl, g.inter_token_s)

@@ -92,6 +92,10 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool | None = None
     structured_outputs: dict[str, Any] | None = None   # vLLM's: one of json, regex, choice, grammar, ...
     cache_salt: str | None = Field(None, min_length=1)  # requests share cached KV only with the same salt
+    # Staleness (docs/deploy.md): end the request, with its tokens so far, once the weights sampling it are more
+    # than this many versions past its first token's; serve it only on workers at this version or newer.
+    max_policy_lag: NonNegativeInt | None = None
+    min_policy_version: NonNegativeInt | None = None
 
     logit_bias: Refused = None                         # CANNOT_APPLY: refused when set, never passed on
     allowed_token_ids: Refused = None

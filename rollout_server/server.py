@@ -84,18 +84,28 @@ def deployer_for(settings: Settings, database, model_dir: Path, model_name: str,
     async def list_workers() -> list[WorkerHandle]:
         return await asyncio.to_thread(pools.worker_handles)  # every pool serves the same policy
 
-    async def key_host_tier_by(worker: WorkerHandle, version: PolicyVersion) -> None:
-        await asyncio.to_thread(stack.set_kv_tier_policy_version, version, [worker.index])
+    host_tier = StackTierKeys(stack) if settings.engine.kv_tier.enabled else None
+    return Deployer(registry, models, list_workers, settings.deploy, host_tier, settings.engine.lora.enable_lora)
 
-    reset_host_tier = key_host_tier_by if settings.engine.kv_tier.enabled else None
-    return Deployer(registry, models, list_workers, settings.deploy, reset_host_tier, settings.engine.lora.enable_lora)
+
+class StackTierKeys:
+    """finetune_deploy's HostTierKeys over the stack's per-worker version files."""
+
+    def __init__(self, stack: Stack):
+        self.stack = stack
+
+    async def full_weights(self, worker: WorkerHandle, version: PolicyVersion) -> None:
+        await asyncio.to_thread(self.stack.set_kv_tier_policy_version, version, [worker.index])
+
+    async def adapter(self, worker: WorkerHandle, name: str, version: PolicyVersion | None) -> None:
+        await asyncio.to_thread(self.stack.set_kv_tier_adapter_version, name, version, worker.index)
 
 
 def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack: Stack, pools: PoolSet) -> AppState:
     tokenizer = ModelTokenizer(model_dir, settings.server.session_prompt_tokens)
     database = open_database(settings.state.resolved_database_url)
     deployer = deployer_for(settings, database, model_dir, model_name, stack, pools)
-    pools.current_model_dir = lambda: Path(deployer.models.base.path or model_dir)
+    pools.current_weights = lambda: (Path(deployer.models.base.path or model_dir), deployer.models.base.policy_version)
     pools.prepare_workers = deployer.load_serving_adapters
     ctx = ServingContext(
         settings=settings, tokenizer=tokenizer, client=Dispatcher(pools),
@@ -103,6 +113,7 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack:
         tool_format=tool_format_of(tokenizer), pools={name: p.config for name, p in pools.pools.items()},
     )
     ctx.metrics.session_prompt_tokens_reused.set_function(lambda: tokenizer.session_prompts.reused_tokens)
+    deployer.on_pause_ended = ctx.metrics.update_pause.observe
     auth = Authenticator(KeyStore(database, settings.server.admin_key), settings.server.keys_recheck_s)
     state = AppState(ctx=ctx, auth=auth, health=pools.pools[DEFAULT_POOL].deployments[0].health, deployer=deployer,
                      pools=pools)

@@ -40,8 +40,14 @@ def _record(g: FinishedGeneration, body: dict, sampling: dict, choice: ChoiceRes
         queue_ms=None, ttft_ms=g.ttft_s * 1000 if g.ttft_s is not None else None,
         inter_token_ms=[gap * 1000 for gap in g.inter_token_s], total_ms=g.total_s * 1000,
         cached_tokens=g.cached_tokens, worker_ids=[] if g.worker_id is None else [str(g.worker_id)],
-        choice_index=choice.index,
+        choice_index=choice.index, completion_policy_versions=_versions(g, choice),
     )
+
+
+def _versions(g: FinishedGeneration, choice: ChoiceResult) -> list[int] | None:
+    """Each token's policy version, or None when they are all the response's (no update while it ran)."""
+    versions = [t.policy_version for t in choice.tokens]
+    return None if all(v == g.policy_version for v in versions) else versions
 
 
 def _logprobs(choice: ChoiceResult) -> list[float]:

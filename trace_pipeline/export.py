@@ -45,7 +45,8 @@ MESSAGE_TYPE = pa.struct([
 REWARD_FIELDS = [("reward", pa.float64()), ("advantage", pa.float64()), ("metrics", METRICS_TYPE)]
 RL_SCHEMA = pa.schema([
     ("token_ids", pa.list_(pa.int64())), ("mask", pa.list_(pa.int8())),
-    ("logprobs", pa.list_(pa.float64())), ("reward", pa.float64()), ("advantage", pa.float64()),
+    ("logprobs", pa.list_(pa.float64())), ("policy_versions", pa.list_(pa.int64())),  # -1 on prompt tokens
+    ("reward", pa.float64()), ("advantage", pa.float64()),
     ("policy_version", pa.int64()), ("session_id", pa.string()), ("request_id", pa.string()),
     ("choice_index", pa.int32()), ("trajectory_id", pa.string()), ("num_turns", pa.int32()),
     ("model", pa.string()), ("team", pa.string()), ("created_at", pa.float64()),
@@ -102,7 +103,8 @@ def export(store_dir: Path | str, out_dir: Path | str, fmt: str, team: str, *,
 
 SCALAR_COLUMNS = ["request_id", "choice_index", "session_id", "team", "model", "policy_version",
                   "created_at"]
-TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask"]
+TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprobs", "completion_mask",
+                 "completion_policy_versions"]
 STITCH_COLUMNS = SCALAR_COLUMNS + TOKEN_COLUMNS
 CHAT_COLUMNS = ["request_messages", "tools", "output_message", "output_text"]
 INPUT_COLUMNS = {"rl": STITCH_COLUMNS, "sft": STITCH_COLUMNS + CHAT_COLUMNS, "raw": TRACE_SCHEMA.names}
@@ -120,9 +122,13 @@ class Columns:
         self.completion = list_views(table["completion_token_ids"])
         self.logprobs = list_views(table["completion_logprobs"])
         self.mask = list_views(table["completion_mask"])
+        self.versions = list_views(table["completion_policy_versions"])
 
     def turn(self, i: int) -> Turn:
-        return Turn(self.prompt[i], self.completion[i], self.logprobs[i], self.mask[i])
+        versions = self.versions[i]
+        if versions is None:  # every token sampled by the record's policy version
+            versions = np.full(len(self.completion[i]), self.policy_version[i], dtype=np.int64)
+        return Turn(self.prompt[i], self.completion[i], self.logprobs[i], self.mask[i], versions)
 
     def key(self, i: int) -> tuple[str, int]:
         return self.request_id[i], self.choice_index[i]
@@ -176,7 +182,7 @@ def metrics_rows(joined: JoinedReward) -> list[dict]:
 # ---- rl ---------------------------------------------------------------------------
 
 def rl_table(records: Columns, forest: Forest, rewards: RewardBook) -> pa.Table:
-    token_ids, masks, logprobs, scalars = [], [], [], []
+    token_ids, masks, logprobs, versions, scalars = [], [], [], [], []
     for leaf in forest.leaves:
         path = chain(forest.parents, leaf)
         branch = assemble([records.turn(i) for i in path])
@@ -184,6 +190,7 @@ def rl_table(records: Columns, forest: Forest, rewards: RewardBook) -> pa.Table:
         token_ids.append(branch.token_ids)
         masks.append(branch.mask)
         logprobs.append(branch.logprobs)
+        versions.append(branch.policy_versions)
         scalars.append(dict(
             reward=joined.reward, advantage=joined.advantage,
             policy_version=records.policy_version[leaf], session_id=records.session_id[leaf],
@@ -192,10 +199,11 @@ def rl_table(records: Columns, forest: Forest, rewards: RewardBook) -> pa.Table:
             model=records.model[leaf], team=records.team[leaf],
             created_at=records.created_at[leaf], metrics=metrics_rows(joined)))
     columns = {name: [row[name] for row in scalars] for name in RL_SCHEMA.names if name not in
-               ("token_ids", "mask", "logprobs")}
+               ("token_ids", "mask", "logprobs", "policy_versions")}
     columns["token_ids"] = list_array(token_ids, pa.int64())
     columns["mask"] = list_array(masks, pa.int8())
     columns["logprobs"] = list_array(logprobs, pa.float64())
+    columns["policy_versions"] = list_array(versions, pa.int64())
     return pa.Table.from_pydict({name: columns[name] for name in RL_SCHEMA.names}, schema=RL_SCHEMA)
 
 

@@ -39,6 +39,9 @@ class TraceRecord:
     # the engine sampled). Imported traces (verifiers) may mask some sampled tokens.
     completion_mask: list[int] | None = None
     source: str = "capture"                  # "capture" | "verifiers"
+    # The policy version that sampled each completion token. None means all `policy_version`; a list only
+    # when the weights changed while the request ran (an in-flight update).
+    completion_policy_versions: list[int] | None = None
 
 
 @dataclass

@@ -20,6 +20,7 @@ class Turn:
     completion: np.ndarray         # int64 token ids
     logprobs: np.ndarray           # float64, one per completion token
     mask: np.ndarray | None        # int8 per completion token; None = all ones
+    versions: np.ndarray | None = None  # int64 policy version per completion token; None = unknown (-1)
 
 
 def _extends(prompt: np.ndarray, earlier: Turn) -> bool:
@@ -60,6 +61,7 @@ class Branch:
     token_ids: np.ndarray          # int64
     mask: np.ndarray               # int8: 1 on sampled (completion) tokens, 0 on prompt tokens
     logprobs: np.ndarray           # float64: the sampled token's logprob, 0.0 on prompt tokens
+    policy_versions: np.ndarray    # int64: the policy version that sampled the token, -1 on prompt tokens
 
 
 def assemble(path: list[Turn]) -> Branch:
@@ -68,9 +70,12 @@ def assemble(path: list[Turn]) -> Branch:
     token_ids = np.concatenate([leaf.prompt, leaf.completion])
     mask = np.zeros(len(token_ids), dtype=np.int8)
     logprobs = np.zeros(len(token_ids), dtype=np.float64)
+    versions = np.full(len(token_ids), -1, dtype=np.int64)
     for turn in path:
         start, n = len(turn.prompt), len(turn.completion)
         mask[start:start + n] = 1 if turn.mask is None else turn.mask
         k = min(n, len(turn.logprobs))   # a turn recorded without logprobs keeps 0.0
         logprobs[start:start + k] = turn.logprobs[:k]
-    return Branch(token_ids, mask, logprobs)
+        if turn.versions is not None:
+            versions[start:start + n] = turn.versions
+    return Branch(token_ids, mask, logprobs, versions)

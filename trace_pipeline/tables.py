@@ -37,6 +37,7 @@ TRACE_SCHEMA = pa.schema([
     ("completion_token_ids", pa.list_(pa.int64())),
     ("completion_logprobs", pa.list_(pa.float64())),
     ("completion_mask", pa.list_(pa.int8())),  # null = all ones
+    ("completion_policy_versions", pa.list_(pa.int64())),  # null = all policy_version
     ("finish_reason", pa.string()),
     ("queue_ms", pa.float64()),
     ("ttft_ms", pa.float64()),

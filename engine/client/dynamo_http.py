@@ -133,6 +133,10 @@ class DynamoFrontendClient:
         return body
 
     async def stream_once(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        if req.allowed_workers is not None:
+            raise RequestRejected(409, "min_policy_version: this deployment's workers run different policy versions "
+                                       "(a rolling update), and requests reach them through Dynamo's frontend, "
+                                       "which cannot place a request on chosen workers; retry after the update")
         produced = False
         try:
             async for chunk in self._stream(req):

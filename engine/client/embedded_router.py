@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,7 +38,8 @@ from tokenizers import Tokenizer
 
 from engine import stream_interval
 from engine.client.choice_text import ChoiceText
-from engine.contract import ChoiceDelta, EngineChunk, EngineRequest, EngineUsage, SampledToken, sampled_tokens
+from engine.contract import (POLICY_LAG, ChoiceDelta, EngineChunk, EngineRequest, EngineUsage, PolicyLag,
+                             SampledToken, sampled_tokens, stamp_versions)
 from engine.errors import EngineError, EngineTimeout, EngineUnavailable, RefusedBeforeOutput, error_from_dynamo
 from engine.ids import WorkerId
 from engine.sessions import SessionPins
@@ -162,6 +164,9 @@ class EmbeddedRouterClient:
 
     async def _send(self, req: EngineRequest, worker_id: int | None):
         request = preprocessed_request(req, self.eos_token_ids, adapter=req.model != self.served_model_name)
+        if req.allowed_workers is not None and worker_id not in req.allowed_workers:
+            # Dynamo's router places a request on one named worker or chooses among all: a subset is one of them.
+            worker_id = random.choice(sorted(req.allowed_workers))
         if worker_id is not None:
             request["routing"]["backend_instance_id"] = worker_id
         try:
@@ -176,6 +181,7 @@ class EmbeddedRouterClient:
         n = req.sampling.n
         stop_ids = {*(req.sampling.stop_token_ids or []), *self.eos_token_ids}
         texts = [self._choice_text(req) for _ in range(n)]
+        lag = PolicyLag(req.max_policy_lag) if req.max_policy_lag is not None else None
         usage = _Usage(n)
         finished: set[int] = set()
         produced = False
@@ -189,7 +195,7 @@ class EmbeddedRouterClient:
                     self.pins.pin(req.session_id, worker)
                 if (out.get("index") or 0) in finished:
                     continue  # a choice a stop string ended, still generating
-                delta = self._delta(out, req, texts, stop_ids)
+                delta = self._delta(out, req, texts, stop_ids, usage.emitted[out.get("index") or 0], lag)
                 produced = produced or bool(delta.tokens)
                 if delta.finish_reason:
                     finished.add(delta.index)
@@ -215,12 +221,20 @@ class EmbeddedRouterClient:
         return ChoiceText(self.tokenizer, s.stop, s.min_tokens or 0, bool(s.include_stop_str_in_output),
                           s.skip_special_tokens is not False)
 
-    def _delta(self, out: dict, req: EngineRequest, texts: list[ChoiceText], stop_ids: set[int]) -> ChoiceDelta:
+    def _delta(self, out: dict, req: EngineRequest, texts: list[ChoiceText], stop_ids: set[int],
+               first_index: int, lag: PolicyLag | None) -> ChoiceDelta:
         index = out.get("index") or 0
         tokens = _sampled_tokens(out, req.top_logprobs)
+        stamp_versions(tokens, first_index, (out.get("engine_data") or {}).get("weight_versions"))
         finish = out.get("finish_reason")
         if finish is not None and finish not in ("stop", "eos", "length", "cancelled"):
             raise EngineUnavailable(f"the engine ended the request: {finish}")
+        if lag is not None and (kept := lag.kept(tokens)) < len(tokens):
+            tokens = tokens[:kept]
+            step = texts[index].add([t.token_id for t in tokens])
+            if step.stopped:
+                return ChoiceDelta(index, step.text, tokens[:step.kept], "stop")
+            return ChoiceDelta(index, step.text + texts[index].finish(), tokens, POLICY_LAG)
         ids = [t.token_id for t in tokens]
         if finish and ids and ids[-1] in stop_ids:
             ids.pop()  # the stop id (the model's EOS, or one the client named) stays among the ids, not in the text

@@ -24,10 +24,11 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from engine.kv_tier.config import TierConnectorConfig
 from engine.kv_tier.events import TierEvents
 from engine.kv_tier.keys import KeyScheme, rank_key
-from engine.kv_tier.plan import TierMetadata, TierPlanner
-from engine.kv_tier.policy import VersionFile
+from engine.kv_tier.plan import TierMetadata, TierPlanner, lora_name
+from engine.kv_tier.policy import VersionFile, Weights
 from engine.kv_tier.store import shared_store
 from engine.kv_tier.transfer import BlockMover
+from engine.weight_stamps import user_salt
 
 
 def _log_like_vllm() -> None:
@@ -68,13 +69,15 @@ class KvTierConnector(KVConnectorBase_V1):
     def requires_kv_delivery(self) -> bool:
         return False  # a best-effort cache: a dropped save is a later miss
 
-    def _key_scheme(self, request, policy_version: int) -> KeyScheme:
+    def _key_scheme(self, request, weights: Weights) -> KeyScheme:
         cache = self._vllm_config.cache_config
         dtype = str(self._vllm_config.model_config.dtype).removeprefix("torch.")
         kv_format = "nvfp4" if self.config.nvfp4 else (dtype if cache.cache_dtype == "auto" else cache.cache_dtype)
-        lora = request.lora_request.lora_name if request.lora_request else ""
-        return KeyScheme(self.config.model_id, policy_version, kv_format, self.block_size, lora,
-                         request.cache_salt or "")
+        lora = lora_name(request)
+        if lora and weights.adapter is not None:
+            lora = f"{lora}@v{weights.adapter}"  # a new version of an adapter under the same name is other weights
+        return KeyScheme(self.config.model_id, weights.base, kv_format, self.block_size, lora,
+                         user_salt(request.cache_salt))
 
     # ---- scheduler side -----------------------------------------------------------------------
 

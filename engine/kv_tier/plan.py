@@ -7,8 +7,9 @@
   save    (request_finished): the request's full computed blocks (prompt and output) that the tier
           lacks are saved; vLLM keeps them allocated until the worker reports the save done.
 
-A request is saved only under the policy version it was admitted with, and only if that is still
-the current version (weights updated mid-request: its KV is mixed, not saved).
+A request is saved only under the weights it was admitted with (the full weights' policy version and
+its adapter's, engine/kv_tier/policy.py), and only if those are still current (weights updated
+mid-request: its KV is mixed, not saved).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from engine.kv_tier.keys import KeyScheme
-from engine.kv_tier.policy import VersionFile
+from engine.kv_tier.policy import VersionFile, Weights
 from engine.kv_tier.store import TierStore
 
 
@@ -47,27 +48,27 @@ class _Lookup:
 
 class TierPlanner:
     def __init__(self, store: TierStore, block_size: int, version: VersionFile,
-                 scheme_for: Callable[[object, int], KeyScheme], exists_key: Callable[[str], str] = lambda k: k,
+                 scheme_for: Callable[[object, Weights], KeyScheme], exists_key: Callable[[str], str] = lambda k: k,
                  on_stored: Callable[[object, int], None] | None = None):
         self.store = store
         self.block_size = block_size
         self.version = version
-        self.scheme_for = scheme_for  # (request, policy version) -> KeyScheme
+        self.scheme_for = scheme_for  # (request, the weights it runs on) -> KeyScheme
         self.exists_key = exists_key  # the key a lookup checks (tensor-parallel rank 0's)
         self.on_stored = on_stored    # (request, full blocks): they are in the tier (engine/kv_tier/events.py)
-        self._admitted_version: dict[str, int] = {}
+        self._admitted: dict[str, Weights] = {}
         self._lookups: dict[str, _Lookup] = {}
         self._pending = TierMetadata()
 
     def match(self, request, num_computed_tokens: int) -> int:
         """Tokens beyond `num_computed_tokens` (block-aligned) that can be loaded from the tier."""
-        version = self._admitted_version.setdefault(request.request_id, self.version.current())
+        weights = self._admitted.setdefault(request.request_id, self._weights(request))
         loadable_blocks = (request.num_tokens - 1) // self.block_size
         first = num_computed_tokens // self.block_size
-        if loadable_blocks <= first or version != self.version.current():
+        if loadable_blocks <= first or weights != self._weights(request):
             return 0
         tokens = list(request.all_token_ids[: loadable_blocks * self.block_size])
-        keys = self.scheme_for(request, version).block_keys(tokens)
+        keys = self.scheme_for(request, weights).block_keys(tokens)
         hits = self.store.leading_hits([self.exists_key(k) for k in keys[first:]])
         self._lookups[request.request_id] = _Lookup(keys, first, hits)
         return hits * self.block_size
@@ -86,13 +87,13 @@ class TierPlanner:
     def finished(self, request, block_ids: list[int]) -> bool:
         """Plans the save of the request's full blocks the tier lacks; True: keep its blocks until saved."""
         self._lookups.pop(request.request_id, None)
-        version = self._admitted_version.pop(request.request_id, None)
-        if version is None or version != self.version.current():
+        weights = self._admitted.pop(request.request_id, None)
+        if weights is None or weights != self._weights(request):
             return False
         full_blocks = min(len(block_ids), request.num_computed_tokens // self.block_size)
         if full_blocks == 0:
             return False
-        keys = self.scheme_for(request, version).block_keys(list(request.all_token_ids[: full_blocks * self.block_size]))
+        keys = self.scheme_for(request, weights).block_keys(list(request.all_token_ids[: full_blocks * self.block_size]))
         present = self.store.exists([self.exists_key(k) for k in keys])
         missing = [i for i, there in enumerate(present) if there is False]
         if self.on_stored and all(there is not None for there in present):
@@ -103,6 +104,14 @@ class TierPlanner:
                                                  [keys[i] for i in missing]))
         return True
 
+    def _weights(self, request) -> Weights:
+        return self.version.weights_of(lora_name(request))
+
     def take_metadata(self) -> TierMetadata:
         metadata, self._pending = self._pending, TierMetadata()
         return metadata
+
+
+def lora_name(request) -> str:
+    """The LoRA adapter a vLLM request runs with ("" for none)."""
+    return request.lora_request.lora_name if getattr(request, "lora_request", None) else ""

@@ -79,8 +79,8 @@ class StackHealth:
     def worker_handles(self) -> list[WorkerHandle]:
         """Every worker, as the deployer reaches it: system port (admin routes) and Dynamo instance id."""
         reload_rpc = CUDA_RELOAD_RPC if has_cuda() else CPU_RELOAD_RPC
-        return [WorkerHandle(w.index, w.system_port, worker_metrics(w.system_port).get("instance_id"), reload_rpc)
-                for w in self.stack.workers]
+        return [WorkerHandle(w.index, w.system_port, worker_metrics(w.system_port).get("instance_id"), reload_rpc,
+                             w.role) for w in self.stack.workers]
 
     # ---- start-up ------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from typing import Awaitable, Callable
 
 from engine.contract import EngineClient
 from engine.errors import EngineUnavailable
-from engine.ids import DEFAULT_POOL, PoolName, SessionId
+from engine.ids import DEFAULT_POOL, PolicyVersion, PoolName, SessionId
 from engine.sessions import deployment_slot
 from engine.settings import EngineSettings
 from engine.supervisor.health import StackHealth
@@ -99,9 +99,9 @@ class PoolSet:
         self.settings = settings
         self.client_for = client_for  # how the front door reaches a deployment's workers
         self.pools: dict[str, Pool] = {pool.name: pool for pool in pools}
-        # The checkpoint the pools serve now (set by the front door from its deploy registry): a worker
-        # started or restarted later loads it.
-        self.current_model_dir: Callable[[], Path] | None = None
+        # The checkpoint the pools serve now and its policy version (set by the front door from its deploy
+        # registry): a worker started or restarted later loads it.
+        self.current_weights: Callable[[], tuple[Path, PolicyVersion]] | None = None
         # What a worker started later loads beside those weights (the LoRA adapters the pools serve).
         self.prepare_workers: Callable[[list[WorkerHandle]], Awaitable[None]] | None = None
         self.closing = False  # set at shutdown: nothing is restarted any more
@@ -336,8 +336,8 @@ class PoolSet:
         return len(ready)
 
     def _follow_served_weights(self, stack: Stack) -> None:
-        if self.current_model_dir:
-            stack.model_dir = self.current_model_dir()
+        if self.current_weights:
+            stack.model_dir, stack.policy_version = self.current_weights()
 
     # ---- introspection --------------------------------------------------------------------------
 

@@ -21,13 +21,14 @@ from pathlib import Path
 
 from engine.ids import BASE_VERSION, PolicyVersion
 from engine.kv_tier.config import TierConnectorConfig, kv_transfer_config
-from engine.kv_tier.policy import write_policy_version
+from engine.kv_tier.policy import write_adapter_version, write_policy_version
 from engine.sessions import frontend_affinity_args
 from engine.settings import EngineSettings
 from engine.supervisor import disaggregation, kv_tier_service, ports
 from engine.supervisor.compute_dtype import worker_dtype
 from engine.supervisor.device import has_cuda
 from engine.supervisor.processes import ChildProcess, ProcessSpec, stop_all
+from engine.weight_stamps import VERSION_ENV
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class Stack:
                  cache_dir: Path, workers: list[WorkerInfo] | None = None):
         self.settings = settings
         self.model_dir = model_dir
+        self.policy_version = BASE_VERSION  # what the weights in model_dir are (a restart loads the served ones)
         self.served_model_name = served_model_name
         self.state_dir = state_dir
         self.cache_dir = cache_dir
@@ -153,6 +155,7 @@ class Stack:
             "VLLM_CACHE_ROOT": str(self.cache_dir / "vllm"),
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
+            VERSION_ENV: str(self.policy_version),  # every token is stamped with its weights
             **disaggregation.worker_env(worker.role, worker.nixl_port,
                                         progress_thread=has_cuda() or self.settings.disaggregation.nixl_progress_thread),
         }
@@ -184,6 +187,10 @@ class Stack:
         """The live weight-update hook: the workers' KV is saved and looked up under `version` from now on."""
         for index in worker_indices if worker_indices is not None else [w.index for w in self.workers]:
             write_policy_version(self.kv_tier_version_file(index), version)
+
+    def set_kv_tier_adapter_version(self, name: str, version: PolicyVersion | None, worker_index: int) -> None:
+        """Worker i's KV of LoRA adapter `name` is saved and looked up under `version` from now on."""
+        write_adapter_version(self.kv_tier_version_file(worker_index), name, version)
 
     def _kv_tier_transfer_config(self, worker: WorkerInfo) -> dict:
         tier = self.settings.kv_tier

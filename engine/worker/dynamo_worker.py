@@ -5,7 +5,8 @@ both on paths a text model never takes (shared/notes/field-notes.md):
   - Qwen2-VL image processing imports torchvision, which CPU installs lack;
   - the embedding worker imports `get_engine_zmq_addresses`, gone from vLLM 0.32.
 We provide those two names so the imports succeed; calling either is an error.
-It also applies the per-request stream interval the front door sends (engine/stream_interval.py),
+It also takes weight updates while requests run, stamping every token with its weights
+(engine/worker/in_flight_updates.py), applies the per-request stream interval the front door sends (engine/stream_interval.py),
 leaves out what nobody reads of logprob entries (their token text: the front door asks for ids and renders
 the text itself; "top logprobs" that only repeat the sampled token),
 caches vLLM's environment settings once the engine is up (as vLLM's engine core does),
@@ -28,7 +29,7 @@ import sys
 import time
 import types
 
-from engine.worker import engine_core_placement
+from engine.worker import engine_core_placement, in_flight_updates
 
 log = logging.getLogger("rollout_serve.worker")
 WARM_UP_PROMPT = list(range(1, 9))  # with WARM_UP_TOKENS, shorter than any KV block: nothing is cached,
@@ -128,6 +129,7 @@ def _warm_up_before_registering() -> None:
         await asyncio.gather(*(_run_to_end(engine, params, f"rollout-serve-warm-up-{i}")
                                for i, params in enumerate((greedy, sampled))))
         log.info("engine warmed up in %.2f s (2 requests of its own)", time.monotonic() - started)
+        await in_flight_updates.label_engine(engine)
         await register(*args, **kwargs)
 
     dynamo_main.register_vllm_model = warm_up_then_register
@@ -159,6 +161,7 @@ def patch_dynamo() -> None:
     _patch_engine_zmq_addresses()
     _patch_stream_interval()  # after the two above: it imports dynamo.vllm
     _lean_logprob_entries()
+    in_flight_updates.install()  # after _lean_logprob_entries: it wraps the same reader
     _cache_vllm_envs_once_the_engine_is_up()
     _warm_up_before_registering()
 

@@ -66,11 +66,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 1
     print(f"model {status['model']}  policy version {status['policy_version']}  "
           f"in flight {status['requests_in_flight']:.0f}  cache hit rate {status['cache_hit_rate']:.1%}")
-    print(f"{'worker':>6}  {'role':>10}  {'pid':>8}  {'healthy':>7}  {'in flight':>9}  {'version':>7}  instance id")
+    print(f"{'worker':>6}  {'role':>10}  {'pid':>8}  {'healthy':>7}  {'in flight':>9}  {'version':>7}  {'paused':>6}  "
+          "instance id")
     for w in status["workers"]:
         print(f"{w['worker']:>6}  {w.get('role', '-'):>10}  {w['pid'] or '-':>8}  {str(w['healthy']):>7}  "
               f"{w['inflight_requests']:>9.0f}  "
-              f"{w.get('policy_version', '-'):>7}  {w['instance_id'] or '-'}")
+              f"{w.get('policy_version', '-'):>7}  {str(w.get('paused', False)):>6}  {w['instance_id'] or '-'}")
     for name, version in status.get("adapters", {}).items():
         print(f"adapter {name}: policy version {version}")
     if len(status.get("pools", [])) > 1:

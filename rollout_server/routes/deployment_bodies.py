@@ -30,6 +30,8 @@ from pydantic import (
 
 from finetune_deploy.checkpoint_files import CheckpointError
 from finetune_deploy.checkpoints import detect_kind
+from engine.weight_stamps import RunningKv
+from finetune_deploy.settings import InFlight
 from finetune_deploy.weight_update import WeightUpdate
 from rollout_server.errors import APIError, bad_request
 from rollout_server.openapi import DocumentedModel
@@ -55,7 +57,7 @@ class DeploymentRequest(DocumentedModel):
     as_: Literal["full", "lora"] | None = Field(None, alias="as")  # None: detected from the files
     name: str | None = Field(None, pattern=NAME_PATTERN)
     mode: Literal["rolling", "all_at_once"] | None = None  # full weights; None: the server's default
-    in_flight: Literal["finish", "abort"] | None = None  # requests on a worker about to reload; None: the default
+    in_flight: InFlight | None = None  # requests on a worker about to reload; None: the server's default
     wait: bool = False  # answer when the deploy is done, instead of at once (202) with its progress
 
     def weight_update(self) -> WeightUpdate:
@@ -141,6 +143,8 @@ class RLUpdateWeightsRequest(DocumentedModel):
     version: NonNegativeInt  # our policy versions are integers; "12" is accepted as 12
     target: WeightTarget
     transport: Transport | None = Field(None, validate_default=True)
+    in_flight: InFlight = "keep"  # RL: rollouts in flight go on under the new weights, each token stamped
+    running_kv: RunningKv | None = None  # in_flight keep: their old-weights KV kept or recomputed; None: the default
 
     @field_validator("transport")
     @classmethod

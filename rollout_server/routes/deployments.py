@@ -5,6 +5,7 @@
 - POST /v1/admin/deployments/rollback   back to the version that served before (or `to_version`)
 - POST /update_weights                  prime-rl: {"weight_dir"}; synchronous, every worker at once
 - POST /v1/rl/update_weights            Dynamo's RL shape: base load, LoRA load/swap/unload; synchronous
+  Both RL routes update in flight (`in_flight: keep`): rollouts running go on under the new weights.
 - POST /pause, /resume (and /v1/rl/pause, /v1/rl/resume)   every worker of the pool
 
 A well-formed request that the pool's state refuses is a 409: another deploy running, a checkpoint that cannot be
@@ -126,17 +127,18 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
                  openapi_extra=json_body(PrimeUpdateWeightsRequest))
     async def prime_update_weights(request: Request):
         update = parse_request(PrimeUpdateWeightsRequest, await _json_body(request)).weight_update()
-        deploying = deployer.register_and_deploy(update, "all_at_once")
+        deploying = deployer.register_and_deploy(update, "all_at_once", "keep")
         return _progress_response(await _registration_answer(deploying, update, param="weight_dir"))
 
     @router.post("/v1/rl/update_weights", dependencies=[Depends(admin)], responses=error_responses(*_DEPLOYS, 404),
                  openapi_extra=json_body(RLUpdateWeightsRequest))
     async def rl_update_weights(request: Request):
-        update = parse_request(RLUpdateWeightsRequest, await _json_body(request)).weight_update()
+        req = parse_request(RLUpdateWeightsRequest, await _json_body(request))
+        update = req.weight_update()
         if update.op == "unload":
             await _require_served_adapter(deployer, update.name)
             return _progress_response(await _worker_call(deployer.unload_adapter(update.name)))
-        deploying = deployer.register_and_deploy(update, "all_at_once")
+        deploying = deployer.register_and_deploy(update, "all_at_once", req.in_flight, running_kv=req.running_kv)
         return _progress_response(await _registration_answer(deploying, update, param="transport.filesystem.path"))
 
     for prefix in ("", "/v1/rl"):

@@ -26,6 +26,20 @@ class ChoiceResult:
         return [t.token_id for t in self.tokens]
 
 
+def policy_versions(tokens: list[SampledToken], first_index: int = 0) -> list[dict]:
+    """A choice's `policy_versions` field: which policy version sampled which of `tokens`, as runs
+    [{"version": V, "first_token_index": i}, ...]; a run lasts up to the next one's first token.
+
+    `first_index` is the index of tokens[0] among the choice's completion tokens (a streamed chunk carries a
+    slice). Every token is stamped (Generation._accumulate), so there is one run unless the weights were
+    updated while the request ran (an in-flight update, docs/deploy.md)."""
+    runs: list[dict] = []
+    for offset, token in enumerate(tokens):
+        if not runs or runs[-1]["version"] != token.policy_version:
+            runs.append({"version": token.policy_version, "first_token_index": first_index + offset})
+    return runs
+
+
 @dataclass
 class FinishedGeneration:
     request_id: RequestId | str

@@ -3,7 +3,10 @@
 A generation admits the request (rate limits), sends it through the dispatcher, waits for the first chunk
 (so that errors are clean 4xx/503 before any response byte, and the serving worker is known for the
 headers), then accumulates every choice: its text, exact token ids and logprobs, finish reason. Its rules:
-- the policy version stamped on a response is the serving worker's, read when the worker is known;
+- every token carries the policy version that sampled it, as the engine stamped it (weights can change while a
+  request runs: docs/deploy.md); a token the engine left unstamped (a worker reached through Dynamo's HTTP
+  frontend) gets the serving worker's version, and an adapter's tokens get the adapter's. The version stamped
+  on a response as a whole is its first token's;
 - engine errors become OpenAI errors here, in one place (`from_engine`);
 - the answer goes out at the chunk that makes it whole; the rest of the engine stream and the bookkeeping
   (metrics, usage, quotas, traces) run afterwards, in a task of their own (`ServingContext.after_answer`).
@@ -19,10 +22,10 @@ from typing import AsyncIterator, Callable
 from engine.contract import ChoiceDelta, EngineChunk, EngineRequest
 from engine.errors import EngineError
 from engine.http_headers import header_value
-from engine.ids import WorkerId
+from engine.ids import PolicyVersion, WorkerId
 from finetune_deploy.served_models import ServedModel
 from rollout_server.auth import Principal
-from rollout_server.errors import from_engine, unavailable
+from rollout_server.errors import APIError, from_engine, unavailable
 from rollout_server.serving.context import ServingContext
 from rollout_server.serving.finished import ChoiceResult, FinishedGeneration
 
@@ -62,6 +65,8 @@ class Generation:
     async def start(self) -> None:
         """Admits the request (rate limits), sends it and waits for the engine's first chunk, so errors
         surface before any response byte is sent and the serving worker is known for the headers."""
+        if self.req.min_policy_version is not None:
+            self.req.allowed_workers = self._workers_at_least(self.req.min_policy_version)
         if self.ctx.limiter:
             n = self.req.sampling.n
             await self.ctx.limiter.admit(self.who.key_prefix, self.req.request_id,
@@ -73,6 +78,14 @@ class Generation:
         except BaseException:
             self._failed()
             raise
+
+    def _workers_at_least(self, version: int) -> frozenset[WorkerId] | None:
+        allowed = self.ctx.models.workers_at_least(self.served, PolicyVersion(version))
+        if allowed is not None and not allowed:
+            raise APIError(409, f"no worker serves {self.served.id!r} at policy version {version} or newer yet "
+                                f"(it serves version {self.served.policy_version})",
+                           param="min_policy_version", code="policy_version_unavailable")
+        return allowed
 
     async def abort(self) -> None:
         """Gives up a started generation (another part of the same request failed)."""
@@ -101,9 +114,10 @@ class Generation:
     def _observe(self, chunk: EngineChunk) -> None:
         if chunk.worker_id is not None and chunk.worker_id != self.worker_id:
             self.worker_id = chunk.worker_id
-            # Stamped when the worker is known, before its first token: deploys pause a worker and let its
-            # requests finish before they load new weights, so a request runs on one version throughout.
             self.policy_version = self.ctx.models.version_served_by(self.served, self.worker_id)
+            first = next((t.policy_version for d in chunk.deltas for t in d.tokens), None)
+            if first is not None and self.served.parent is None:
+                self.policy_version = first
         if chunk.usage:
             self.usage = chunk.usage
         new_tokens = 0
@@ -123,6 +137,9 @@ class Generation:
         if choice is None:
             choice = self.choices[delta.index] = ChoiceResult(delta.index)
         choice.text += delta.text
+        for token in delta.tokens:
+            if token.policy_version is None or self.served.parent is not None:
+                token.policy_version = self.policy_version
         choice.tokens.extend(delta.tokens)
         if delta.finish_reason:
             choice.finish_reason = delta.finish_reason

@@ -2,7 +2,9 @@
 
 Each engine chunk's events go out in one write. The chunk that makes the answer whole carries the stream's end
 too (the usage, when the client asked for it, and `[DONE]`), so the response ends in that same write
-(rollout_server/event_stream.py); an error ends the stream with an OpenAI error event.
+(rollout_server/event_stream.py); an error ends the stream with an OpenAI error event, which also says which
+policy versions sampled the tokens already sent (`choices[i].policy_versions`: a client that keeps them, such as an
+RL trainer, knows what it holds).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from engine.contract import EngineChunk
 from rollout_server.errors import APIError
 from rollout_server.event_stream import DONE
 from rollout_server.protocol import StreamOptions
+from rollout_server.serving.finished import policy_versions
 from rollout_server.serving.generation import Generation
 
 
@@ -44,7 +47,9 @@ async def streamed_answer(generation: Generation, base: dict, options: StreamOpt
         if not ended:
             yield stream_end(base, options, generation.usage_dict())
     except APIError as err:
-        yield sse(err.body()) + DONE
+        sent = [{"index": c.index, "policy_versions": policy_versions(c.tokens)}
+                for c in generation.sorted_choices() if c.tokens]
+        yield sse({**err.body(), **({"choices": sent} if sent else {})}) + DONE
 
 
 def stream_end(base: dict, options: StreamOptions | None, usage: dict) -> bytes:

@@ -8,6 +8,8 @@ import asyncio
 import os
 import shutil
 import signal
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pytest
@@ -236,6 +238,7 @@ def test_rl_trainer_shapes_pause_and_resume(stack, checkpoints, finetuned_dir, t
     assert complete(stack, PROMPT)["policy_version"] == 20
 
     assert admin_post(stack, "/pause", {}).status_code == 200
+    assert [w["paused"] for w in stack.status()["workers"]] == [True, True]
 
     async def request_during_pause():
         async with httpx.AsyncClient(timeout=300) as http:
@@ -248,63 +251,224 @@ def test_rl_trainer_shapes_pause_and_resume(stack, checkpoints, finetuned_dir, t
 
     resumed, held = asyncio.run(request_during_pause())
     assert resumed.status_code == 200 and held.status_code == 200
+    assert [w["paused"] for w in stack.status()["workers"]] == [False, False]
     assert held.json()["policy_version"] == 20
 
 
-def test_abort_mode_ends_straddling_streams_with_a_retryable_error(stack, checkpoints, finetuned_dir, tokenizer):
-    step = copy_checkpoint(finetuned_dir, checkpoints["root"] / "rl-step-30")
-    prompt_ids = tokenizer.encode(PROMPT)
-    # Streams long enough to still be decoding when the deploy pauses the workers: the tiny model writes up
-    # to ~300 tokens/s per stream here, and the first tokens may reach the client seconds after the start.
-    # The deploy starts once every stream has its first tokens.
-    length = 6000
-    current = complete(stack, prompt_ids, tokens=length)  # greedy output of the weights serving now
+@dataclass
+class Streamed:
+    """One streamed completion as the client saw it."""
 
-    def deploy():
-        return admin_post(stack, "/v1/admin/deployments", {"path": str(step), "wait": True, "in_flight": "abort",
-                                                           "mode": "all_at_once"})
+    version: int | None = None  # the response's policy_version
+    tokens: list[int] = field(default_factory=list)
+    runs: list[dict] = field(default_factory=list)  # its choice's policy_versions, joined over the chunks
+    error: str = ""
+    error_runs: list[dict] = field(default_factory=list)  # the error event's policy_versions of the tokens sent
+    finish_reason: str | None = None
 
-    async def long_streams():
+
+# Streams long enough to still be decoding when a deploy pauses the workers: the tiny model writes up to ~300
+# tokens/s per stream here, and the first tokens may reach the client seconds after the start.
+LONG = 6000
+
+
+def streams_across(stack, prompt_ids: list[int], deploy, fields: list[dict] | None = None
+                   ) -> tuple[httpx.Response, list[Streamed]]:
+    """Starts long greedy streams (one per entry of `fields`, the request fields it adds; 3 by default), runs
+    `deploy` once every one has its first tokens, and returns the deploy's response and every stream as it ended,
+    in the order of `fields`."""
+    body = {"model": "tiny-qwen2", "prompt": prompt_ids, "max_tokens": LONG, "temperature": 0,
+            "stream": True, "return_token_ids": True, "ignore_eos": True}
+    fields = fields or [{}, {}, {}]
+
+    async def run():
         async with httpx.AsyncClient(timeout=300) as http:
-            body = {"model": "tiny-qwen2", "prompt": prompt_ids, "max_tokens": length, "temperature": 0,
-                    "stream": True, "return_token_ids": True, "ignore_eos": True}
-            outcomes, decoding = [], asyncio.Semaphore(0)
+            outcomes, decoding = [Streamed() for _ in fields], asyncio.Semaphore(0)
 
-            async def one():
-                tokens, error, version, started = [], "", None, False
+            async def one(seen: Streamed, extra: dict):
+                started = False
                 try:
-                    async with http.stream("POST", f"{stack.url}/v1/completions", json=body) as response:
+                    async with http.stream("POST", f"{stack.url}/v1/completions", json={**body, **extra}) as response:
                         if response.status_code != 200:  # aborted before its first token: a retryable 503
-                            error = f"HTTP {response.status_code}: {(await response.aread()).decode()}"
+                            seen.error = f"HTTP {response.status_code}: {(await response.aread()).decode()}"
                         async for line in response.aiter_lines():
                             if not line.startswith("data: {"):
                                 continue
                             chunk = httpx.Response(200, content=line[6:]).json()
                             if "error" in chunk:
-                                error = chunk["error"]["message"]
+                                seen.error = chunk["error"]["message"]
+                                seen.error_runs = [run for choice in chunk.get("choices", [])
+                                                   for run in choice["policy_versions"]]
                                 continue
-                            version = chunk["policy_version"]
-                            tokens += [t for c in chunk["choices"] for t in c.get("token_ids") or []]
-                            if tokens and not started:
+                            seen.version = chunk["policy_version"]
+                            for choice in chunk["choices"]:
+                                seen.tokens += choice.get("token_ids") or []
+                                seen.finish_reason = choice.get("finish_reason") or seen.finish_reason
+                                for run in choice.get("policy_versions") or []:
+                                    if not seen.runs or seen.runs[-1]["version"] != run["version"]:
+                                        seen.runs.append(run)
+                            if seen.tokens and not started:
                                 started = True
                                 decoding.release()
                 finally:
                     if not started:  # ended without a token: let the test go on and report it
                         decoding.release()
-                outcomes.append((version, tokens, error))
 
-            streams = [asyncio.create_task(one()) for _ in range(3)]
-            for _ in streams:
+            tasks = [asyncio.create_task(one(seen, extra)) for seen, extra in zip(outcomes, fields)]
+            for _ in tasks:
                 await asyncio.wait_for(decoding.acquire(), timeout=120)
             response = await asyncio.to_thread(deploy)
-            await asyncio.gather(*streams)
+            await asyncio.gather(*tasks)
             return response, outcomes
 
-    response, outcomes = asyncio.run(long_streams())
+    return asyncio.run(run())
+
+
+def test_abort_mode_ends_straddling_streams_with_a_retryable_error(stack, checkpoints, finetuned_dir, tokenizer):
+    step = copy_checkpoint(finetuned_dir, checkpoints["root"] / "rl-step-30")
+    prompt_ids = tokenizer.encode(PROMPT)
+    current = complete(stack, prompt_ids, tokens=LONG)  # greedy output of the weights serving now
+
+    def deploy():
+        return admin_post(stack, "/v1/admin/deployments", {"path": str(step), "wait": True, "in_flight": "abort",
+                                                           "mode": "all_at_once"})
+
+    response, outcomes = streams_across(stack, prompt_ids, deploy)
     assert response.status_code == 200, response.text
-    aborted = [o for o in outcomes if o[2]]
-    assert aborted, f"no stream was running during the deploy: {[(v, len(t), e) for v, t, e in outcomes]}"
-    for version, tokens, error in aborted:
-        assert "retry" in error and version in (None, current["policy_version"])
-        assert tokens == current["choices"][0]["token_ids"][:len(tokens)]  # old weights only, never a mix
+    aborted = [o for o in outcomes if o.error]
+    assert aborted, f"no stream was running during the deploy: {[(o.version, len(o.tokens), o.error) for o in outcomes]}"
+    for seen in aborted:
+        assert "retry" in seen.error and seen.version in (None, current["policy_version"])
+        if seen.tokens:  # the error says which weights sampled what the stream returned
+            assert seen.error_runs == [{"version": current["policy_version"], "first_token_index": 0}]
+        assert seen.tokens == current["choices"][0]["token_ids"][:len(seen.tokens)]  # old weights only, never a mix
     assert complete(stack, PROMPT)["policy_version"] == response.json()["version"]
+
+
+def hf_continuation(old_dir, new_dir, ids: list[int], kept_kv: int, tokens: int) -> list[int]:
+    """The reference for tokens sampled after an in-flight update: greedy under the new weights over `ids`, whose
+    first `kept_kv` positions hold KV the old weights computed (0: all recomputed under the new weights)."""
+    old, new = (AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32) for d in (old_dir, new_dir))
+    with torch.no_grad():
+        past = old(torch.tensor([ids[:kept_kv]]), use_cache=True).past_key_values if kept_kv else None
+        logits = new(torch.tensor([ids[kept_kv:]]), past_key_values=past, use_cache=True)
+        out = []
+        while True:
+            out.append(int(logits.logits[0, -1].argmax()))
+            if len(out) == tokens:
+                return out
+            logits = new(torch.tensor([[out[-1]]]), past_key_values=logits.past_key_values, use_cache=True)
+
+
+@pytest.mark.parametrize("running_kv", ["keep", "recompute"])
+def test_keep_mode_updates_running_streams_in_flight(stack, checkpoints, base_dir, finetuned_dir, tokenizer,
+                                                     running_kv):
+    """An RL update (in_flight keep, the RL routes' default) while streams decode: none is lost or restarted,
+    each changes version at one boundary the engine reports, and the tokens on each side are what the stamped
+    weights produce: before it the old weights' greedy tokens; after it, the new weights' greedy tokens over the
+    KV `running_kv` says (the old weights' for the tokens before the boundary, or recomputed)."""
+    prompt_ids = tokenizer.encode(PROMPT)
+    old_dir = Path(httpx.get(f"{stack.url}/v1/models", timeout=30).json()["data"][0]["root"])
+    current = complete(stack, prompt_ids, tokens=LONG)
+    old_version, new_version = current["policy_version"], current["policy_version"] + 10
+    other = base_dir if _same_weights(old_dir, finetuned_dir) else finetuned_dir
+    step = copy_checkpoint(other, checkpoints["root"] / f"keep-{running_kv}")
+
+    def update():
+        return admin_post(stack, "/v1/rl/update_weights", {
+            "version": new_version, "target": {"kind": "base"}, "running_kv": running_kv,
+            "transport": {"filesystem": {"path": str(step)}}})
+
+    response, outcomes = streams_across(stack, prompt_ids, update, [{}, {}, {"max_policy_lag": 9}])
+    assert response.status_code == 200, response.text
+    *kept, budgeted = outcomes
+    # A stream whose budget the update overran ends with the tokens of its own version, and says why.
+    assert (budgeted.error, budgeted.finish_reason) == ("", "policy_lag") and 0 < len(budgeted.tokens) < LONG
+    assert [run["version"] for run in budgeted.runs] == [old_version]
+    assert budgeted.tokens == current["choices"][0]["token_ids"][:len(budgeted.tokens)]
+    for seen in kept:
+        assert not seen.error and len(seen.tokens) == LONG  # every stream completes: no token lost or repeated
+        assert [run["version"] for run in seen.runs] == [old_version, new_version], seen.runs
+        boundary = seen.runs[1]["first_token_index"]
+        assert seen.tokens[:boundary] == current["choices"][0]["token_ids"][:boundary]
+        kept = len(prompt_ids) + boundary - 1 if running_kv == "keep" else 0
+        after = hf_continuation(old_dir, step, prompt_ids + seen.tokens[:boundary], kept, 16)
+        assert seen.tokens[boundary:boundary + 16] == after, f"tokens after the boundary at {boundary}"
+
+    assert len(response.json()["pauses_s"]) == 2  # one per worker: what the trainer's update cost in serving time
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=30).text
+    assert sample(metrics, f'rollout_completion_tokens_by_policy_version_total{{version="{new_version}"}}') > 0
+    assert sample(metrics, "rollout_requests_ended_for_staleness_total") >= 1
+    assert sample(metrics, "rollout_weight_update_pause_seconds_count") >= 2
+
+    fresh = complete(stack, prompt_ids)  # a new request matches no block of the old weights
+    assert fresh["policy_version"] == new_version and fresh["choices"][0]["policy_versions"] == [
+        {"version": new_version, "first_token_index": 0}]
+    assert fresh["choices"][0]["token_ids"] == hf_greedy(step, prompt_ids)
+
+
+def _same_weights(a: Path, b: Path) -> bool:
+    first, second = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    return first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+
+
+def session_on_worker(stack, worker_id: str) -> str:
+    """A session id the front door pins to `worker_id` (sessions stay on the worker that served their first turn)."""
+    for k in range(64):
+        session = f"pinned-{worker_id}-{k}"
+        answer = complete(stack, PROMPT, tokens=1, session_id=session)
+        if answer["worker_id"] == worker_id:
+            return session
+    raise AssertionError(f"no session landed on worker {worker_id}")
+
+
+def test_min_policy_version_is_served_only_by_workers_at_that_version(stack, checkpoints, base_dir, finetuned_dir,
+                                                                       tokenizer):
+    """During a rolling deploy (one worker at a time) requests asking for the new version are served by the worker
+    already switched, or refused with a 409 while none is; never by the old weights. The second worker's pause
+    waits for a long stream it serves (in_flight finish), which holds the fleet mixed meanwhile."""
+    prompt_ids = tokenizer.encode(PROMPT)
+    old_dir = Path(httpx.get(f"{stack.url}/v1/models", timeout=30).json()["data"][0]["root"])
+    current = complete(stack, prompt_ids)["policy_version"]
+    other = base_dir if _same_weights(old_dir, finetuned_dir) else finetuned_dir
+    step = copy_checkpoint(other, checkpoints["root"] / "rolling")
+    greedy_new = hf_greedy(step, prompt_ids)
+    too_new = httpx.post(f"{stack.url}/v1/completions", timeout=60, json={
+        "model": "tiny-qwen2", "prompt": PROMPT, "max_tokens": 4, "min_policy_version": current + 1})
+    assert too_new.status_code == 409 and too_new.json()["error"]["param"] == "min_policy_version"
+    first, second = [w["instance_id"] for w in sorted(stack.status()["workers"], key=lambda w: w["worker"])]
+    holding = session_on_worker(stack, second)
+
+    async def run():
+        async with httpx.AsyncClient(timeout=300) as http:
+            long_stream = asyncio.create_task(http.post(f"{stack.url}/v1/completions", json={
+                "model": "tiny-qwen2", "prompt": prompt_ids, "max_tokens": LONG, "temperature": 0,
+                "ignore_eos": True, "session_id": holding}))
+            await asyncio.sleep(1.0)
+            deploying = asyncio.create_task(asyncio.to_thread(
+                admin_post, stack, "/v1/admin/deployments", {"path": str(step), "wait": True, "mode": "rolling"}))
+            answers = []  # (status, body, whether the long stream still ran when it came)
+            while not deploying.done():
+                body = {"model": "tiny-qwen2", "prompt": prompt_ids, "max_tokens": GREEDY_TOKENS, "temperature": 0,
+                        "return_token_ids": True, "ignore_eos": True, "min_policy_version": current + 1}
+                answer = await http.post(f"{stack.url}/v1/completions", json=body)
+                answers.append((answer.status_code, answer.json(), not long_stream.done()))
+            return await deploying, answers, await long_stream
+
+    deployed, answers, held = asyncio.run(run())
+    assert deployed.status_code == 200 and held.status_code == 200, (deployed.text, held.text)
+    new_version = deployed.json()["version"]
+    for status, body, _ in answers:
+        assert status in (200, 409), body
+        if status == 200:
+            assert body["policy_version"] == new_version and body["choices"][0]["token_ids"] == greedy_new
+    mixed = [body for status, body, held_on in answers if status == 200 and held_on]
+    assert mixed and all(body["worker_id"] == first for body in mixed), "nothing was served while the fleet was mixed"
+
+
+def sample(metrics: str, name: str) -> float:
+    """One sample's value in a Prometheus text page (0 when absent)."""
+    for line in metrics.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0

@@ -8,6 +8,7 @@ received from another instance (NIXL); a worker's KV events say how many blocks 
 import json
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -18,8 +19,10 @@ import zmq
 from engine.settings import DisaggregationSettings
 from engine.supervisor.cpu_placement import host_cores
 from engine.supervisor.disaggregation import engine_core_process, worker_cores
+from rollout_server.harness.checkpoints import copy_checkpoint
 from tests.disagg.conftest import (
     BLOCK_SIZE,
+    GREEDY_MAX_TOKENS,
     GREEDY_PROMPTS,
     MODEL,
     complete,
@@ -27,6 +30,7 @@ from tests.disagg.conftest import (
     reference_tokens,
     token_prompt,
 )
+from tests.tiny_models import trained_tiny_model
 
 # Timeout: the first test also waits for two stacks to start on a shared 2-core machine.
 pytestmark = [pytest.mark.disagg, pytest.mark.stack, pytest.mark.timeout(1500)]
@@ -147,6 +151,41 @@ def _stream_lines(resp: httpx.Response, deadline: float):
             raise AssertionError("the stream did not end after its decode worker died")
         if line.startswith("data: "):
             yield line[6:]
+
+
+def test_a_deploy_moves_prefill_and_decode_workers_together(disagg_stack, tmp_path):
+    """A rolling deploy asked for while clients stream: the prefill and the decode workers move to the new
+    weights together, so no request is prefilled by one version and decoded by another. Every response is
+    exactly the greedy continuation of the version it is stamped with, measured on the stack before and after."""
+    prompt = GREEDY_PROMPTS["short"]
+    before = complete(disagg_stack.url, prompt, GREEDY_MAX_TOKENS, ignore_eos=True).json()
+    step = copy_checkpoint(trained_tiny_model(1), tmp_path / "step-1")
+    streamed, done = [], threading.Event()
+
+    def client():
+        while not done.is_set():
+            answer = complete(disagg_stack.url, prompt, GREEDY_MAX_TOKENS, ignore_eos=True).json()
+            streamed.append((answer["policy_version"], answer["choices"][0]["token_ids"]))
+
+    clients = [threading.Thread(target=client) for _ in range(2)]
+    for thread in clients:
+        thread.start()
+    time.sleep(2.0)
+    deployed = httpx.post(f"{disagg_stack.url}/v1/admin/deployments", timeout=600,
+                          json={"path": str(step), "wait": True, "mode": "rolling"})
+    time.sleep(2.0)
+    done.set()
+    for thread in clients:
+        thread.join()
+    assert deployed.status_code == 200, deployed.text
+    assert (deployed.json()["mode"], deployed.json()["in_flight"]) == ("all_at_once", "finish")
+    after = complete(disagg_stack.url, prompt, GREEDY_MAX_TOKENS, ignore_eos=True).json()
+    greedy = {before["policy_version"]: before["choices"][0]["token_ids"],
+              after["policy_version"]: after["choices"][0]["token_ids"]}
+    assert len(greedy) == 2 and len(set(map(tuple, greedy.values()))) == 2
+    assert {version for version, _ in streamed} == set(greedy)  # served on both sides of the deploy
+    for version, tokens in streamed:
+        assert tokens == greedy[version], f"a response stamped version {version} came from other weights"
 
 
 def test_killing_the_decode_worker_mid_stream_gives_an_error_event_then_the_other_serves(disagg_stack):

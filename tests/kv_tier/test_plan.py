@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from engine.kv_tier.keys import KeyScheme
-from engine.kv_tier.plan import TierPlanner
-from engine.kv_tier.policy import VersionFile, write_policy_version
+from engine.kv_tier.plan import TierPlanner, lora_name
+from engine.kv_tier.policy import VersionFile, Weights, write_adapter_version, write_policy_version
 
 BS = 32
 
@@ -51,8 +51,8 @@ def tokens(n, seed=0):
     return [rng.randrange(4160) for _ in range(n)]
 
 
-def scheme_for(request, version):
-    return KeyScheme("tiny", version, "nvfp4", BS)
+def scheme_for(request, weights):
+    return KeyScheme("tiny", weights.base, "nvfp4", BS, f"{lora_name(request)}@{weights.adapter}")
 
 
 @pytest.fixture
@@ -95,33 +95,33 @@ def test_a_finished_request_saves_its_full_blocks_then_a_new_one_loads_them(plan
 
 def test_only_the_leading_run_of_stored_blocks_is_loaded(planner, store):
     ids = tokens(6 * BS)
-    keys = scheme_for(None, 0).block_keys(ids)
+    keys = scheme_for(None, Weights(0)).block_keys(ids)
     store.keys.update([keys[0], keys[1], keys[3]])  # block 2 missing (evicted)
     assert planner.match(RequestDouble("r", ids), 0) == 2 * BS
 
 
 def test_the_prompts_last_token_is_never_loaded(planner, store):
     ids = tokens(4 * BS)  # exactly 4 blocks: vLLM must compute the last token, so at most 3 load
-    store.keys.update(scheme_for(None, 0).block_keys(ids))
+    store.keys.update(scheme_for(None, Weights(0)).block_keys(ids))
     assert planner.match(RequestDouble("r", ids), 0) == 3 * BS
 
 
 def test_blocks_already_in_the_tier_are_not_saved_again(planner, store):
     ids = tokens(3 * BS + 1)
-    store.keys.update(scheme_for(None, 0).block_keys(ids)[:2])
+    store.keys.update(scheme_for(None, Weights(0)).block_keys(ids)[:2])
     request = RequestDouble("r", ids)
     planner.match(request, 0)
     assert finish(planner, request, [5, 6, 7, 8]) is True
     assert [s.block_ids for s in planner.take_metadata().saves] == [[7]]
     full = RequestDouble("s", ids)
-    store.keys.update(scheme_for(None, 0).block_keys(ids))
+    store.keys.update(scheme_for(None, Weights(0)).block_keys(ids))
     planner.match(full, 0)
     assert finish(planner, full, [5, 6, 7, 8]) is False  # nothing to save: free the blocks now
 
 
 def test_after_a_version_change_nothing_is_loaded_and_keys_carry_the_new_version(planner, store, version_file):
     ids = tokens(4 * BS + 3)
-    store.keys.update(scheme_for(None, 0).block_keys(ids))
+    store.keys.update(scheme_for(None, Weights(0)).block_keys(ids))
     write_policy_version(version_file, 1)
     request = RequestDouble("r", ids)
     assert planner.match(request, 0) == 0
@@ -135,6 +135,39 @@ def test_a_request_that_spans_a_version_change_is_not_saved(planner, version_fil
     write_policy_version(version_file, 1)
     assert finish(planner, request, [1, 2, 3]) is False
     assert planner.take_metadata().saves == []
+
+
+@dataclass
+class LoraDouble:
+    lora_name: str
+
+
+def test_an_adapter_deployed_again_under_its_name_is_other_weights(planner, store, version_file):
+    """A trainer's next step of an adapter, under the same name and directory: none of the KV its previous
+    version computed is loaded, and what it computes is saved under its own version."""
+    ids = tokens(4 * BS + 3)
+    write_adapter_version(version_file, "coder", 3)
+    first = RequestDouble("a", ids, lora_request=LoraDouble("coder"))
+    planner.match(first, 0)
+    assert finish(planner, first, [1, 2, 3, 4, 5]) is True
+    saved = planner.take_metadata().saves[0].keys
+    store.keys.update(saved)
+    assert planner.match(RequestDouble("b", ids, lora_request=LoraDouble("coder")), 0) == 4 * BS
+
+    write_adapter_version(version_file, "coder", 4)
+    again = RequestDouble("c", ids, lora_request=LoraDouble("coder"))
+    assert planner.match(again, 0) == 0
+    assert finish(planner, again, [1, 2, 3, 4, 5]) is True
+    assert not set(planner.take_metadata().saves[0].keys) & set(saved)
+    assert planner.match(RequestDouble("d", ids), 0) == 0  # nor do the base weights see the adapter's KV
+
+
+def test_a_request_that_spans_an_adapter_update_is_not_saved(planner, version_file):
+    write_adapter_version(version_file, "coder", 3)
+    request = RequestDouble("r", tokens(3 * BS), lora_request=LoraDouble("coder"))
+    planner.match(request, 0)
+    write_adapter_version(version_file, "coder", 4)
+    assert finish(planner, request, [1, 2, 3]) is False
 
 
 def test_metadata_is_handed_out_once(planner):

@@ -8,6 +8,7 @@ model's KV is 4 layers x 2 KV heads x (K, V) x 64 dims x 2 bytes = 2 KiB per tok
 
 import math
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,10 +20,12 @@ import torch
 from engine.kv_tier.policy import write_policy_version
 from engine.kv_tier.settings import KvTierSettings
 from engine.supervisor import kv_tier_service
+from rollout_server.harness.checkpoints import rewrite_adapter, write_lora_adapter
 from rollout_server.harness.stack import CACHE_DIR, RunningStack, free_port_block, start_stack
 from rollout_server.settings import Settings
 from rollout_server.tiny_model.builder import resolve_model
 from tests.kv_tier.tier_reference import next_token_logprobs
+from tests.tiny_models import trained_tiny_model
 
 pytestmark = pytest.mark.stack
 
@@ -64,7 +67,8 @@ def tier_stack(request, tmp_path_factory):
     tier = KvTierSettings(enabled=True, capacity_gib=0.25, nvfp4=nvfp4, port_base=free_port_block(3, start=32300))
     stack = start_stack(
         tmp_path_factory.mktemp(f"tier-{request.param}"), workers=1,
-        extra_args=["--kv-cache-gib", repr(KV_CACHE_GIB), "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16"],
+        extra_args=["--kv-cache-gib", repr(KV_CACHE_GIB), "--max-model-len", str(MAX_MODEL_LEN), "--dtype", "bfloat16",
+                    "--enable-lora"],
         extra_env=tier.as_env())
     yield TierStack(stack, tier, nvfp4)
     stack.stop()
@@ -75,9 +79,9 @@ def tokens(seed: int) -> list[int]:
     return [rng.randrange(10, 4000) for _ in range(PROMPT_TOKENS)]
 
 
-def complete(ts: TierStack, prompt: list[int]) -> Completion:
+def complete(ts: TierStack, prompt: list[int], model: str | None = None) -> Completion:
     response = httpx.post(f"{ts.stack.url}/v1/completions", timeout=120, json={
-        "model": ts.stack.model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
+        "model": model or ts.stack.model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
         "logprobs": 5, "return_tokens_as_token_ids": True, "return_token_ids": True})
     assert response.status_code == 200, response.text
     body = response.json()
@@ -86,10 +90,10 @@ def complete(ts: TierStack, prompt: list[int]) -> Completion:
                       body["usage"]["prompt_tokens_details"]["cached_tokens"])
 
 
-def serve_and_wait_saved(ts: TierStack, prompt: list[int]) -> Completion:
+def serve_and_wait_saved(ts: TierStack, prompt: list[int], model: str | None = None) -> Completion:
     """Serves `prompt`; returns once its blocks are in the tier (saved in the step after it finishes)."""
     keys_before = ts.metrics().keys
-    result = complete(ts, prompt)
+    result = complete(ts, prompt, model)
     deadline = time.monotonic() + 30
     while ts.metrics().keys < keys_before + LOADABLE_BLOCKS:
         assert time.monotonic() < deadline, f"blocks not saved: {ts.metrics()}\n{ts.stack.log_tail()}"
@@ -102,10 +106,10 @@ def evict(ts: TierStack, first_seed: int) -> None:
         complete(ts, tokens(seed))
 
 
-def served_from_tier(ts: TierStack, prompt: list[int]) -> tuple[Completion, int]:
+def served_from_tier(ts: TierStack, prompt: list[int], model: str | None = None) -> tuple[Completion, int]:
     """Serves `prompt`; returns the completion and how many objects the tier handed out meanwhile."""
     before = ts.metrics().get_requests
-    result = complete(ts, prompt)
+    result = complete(ts, prompt, model)
     return result, ts.metrics().get_requests - before
 
 
@@ -188,3 +192,34 @@ def test_after_a_policy_version_change_nothing_is_loaded_from_the_tier(tier_stac
     again, objects_read = served_from_tier(tier_stack, prompt)
     assert objects_read == LOADABLE_BLOCKS
     assert again.cached_tokens == LOADABLE_BLOCKS * BLOCK
+
+
+def deploy_adapter(ts: TierStack, directory: Path, name: str) -> None:
+    response = httpx.post(f"{ts.stack.url}/v1/admin/deployments", timeout=300,
+                          json={"path": str(directory), "name": name, "wait": True})
+    assert response.status_code == 200, response.text
+
+
+def test_an_adapter_deployed_again_under_its_name_never_reads_its_old_kv(tier_stack, tmp_path):
+    """A trainer's next step of a LoRA adapter, deployed under the same name from the same directory: its
+    prompt's KV of the previous step (in the worker's prefix cache and in the tier) is not read, and it answers
+    as a fresh deploy of the same weights does."""
+    adapter = write_lora_adapter(tmp_path / "coder", trained_tiny_model())
+
+    def new_weights(seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        rewrite_adapter(adapter, lambda tensors: tensors.update(
+            {name: torch.randn(t.shape, generator=generator) * 0.5 for name, t in tensors.items()}))
+
+    prompt = tokens(seed=3)
+    new_weights(1)
+    deploy_adapter(tier_stack, adapter, "coder")
+    step_1 = serve_and_wait_saved(tier_stack, prompt, "coder")
+    new_weights(2)
+    deploy_adapter(tier_stack, adapter, "coder")
+    step_2, objects_read = served_from_tier(tier_stack, prompt, "coder")
+    assert (step_2.cached_tokens, objects_read) == (0, 0)
+
+    fresh = shutil.copytree(adapter, tmp_path / "coder-fresh")
+    deploy_adapter(tier_stack, fresh, "coder-fresh")
+    assert complete(tier_stack, prompt, "coder-fresh").token_ids == step_2.token_ids != step_1.token_ids

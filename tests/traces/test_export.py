@@ -24,6 +24,7 @@ def session_records():
     turn2 = make_record("t2", session_id="s1", prompt=[1, 2, 3, 4, 5, 6], completion=[7, 8],
                         created_at=T0 + 1, messages=[{"role": "user", "content": "hi"}, CALL,
                                                      {"role": "tool", "tool_call_id": "c1", "content": "2"}])
+    turn2.completion_policy_versions = [1, 3]  # the weights changed between its two tokens
     turn3 = make_record("t3", session_id="s1", prompt=[1, 2, 3, 99], completion=[100],
                         created_at=T0 + 2)
     other = make_record("o1", session_id="s2", model="org/other", policy_version=2,
@@ -68,6 +69,7 @@ def test_rl_rows_are_branches_with_exact_tokens_logprobs_and_joined_rewards(stor
     assert rows["t2"]["token_ids"] == t2.prompt_token_ids + t2.completion_token_ids
     assert rows["t2"]["mask"] == [0, 0, 0, 1, 1, 0, 1, 1]
     assert rows["t2"]["logprobs"] == [0.0] * 3 + t1.completion_logprobs + [0.0] + t2.completion_logprobs
+    assert rows["t2"]["policy_versions"] == [-1, -1, -1, 1, 1, -1, 1, 3]  # each sampled token's weights
     assert rows["t2"]["trajectory_id"] == "t1" and rows["t2"]["num_turns"] == 2
     # t2's own reward beats the session's; the session's advantage and metrics still apply.
     assert (rows["t2"]["reward"], rows["t2"]["advantage"]) == (1.0, 0.1)
@@ -75,6 +77,7 @@ def test_rl_rows_are_branches_with_exact_tokens_logprobs_and_joined_rewards(stor
     assert rows["t3"]["token_ids"] == [1, 2, 3, 99, 100] and rows["t3"]["mask"] == [0, 0, 0, 0, 1]
     assert rows["t3"]["reward"] == 0.25 and rows["t3"]["num_turns"] == 1
     assert rows["o1"]["reward"] is None and rows["o1"]["policy_version"] == 2
+    assert rows["o1"]["policy_versions"] == [-1, 2, 2]
 
 
 def test_sft_rows_are_trl_conversations_with_tools(store_dir, tmp_path):
