@@ -79,6 +79,14 @@ class Phase:
     def pauses(self) -> list[float]:
         return [p for _, progress in self.updates for p in progress["pauses_s"]]
 
+    def straddling(self) -> int:
+        """Kept rollouts whose tokens came from more than one policy version."""
+        return sum(len(r.runs) > 1 for r in self.kept())
+
+    def rollout_s(self) -> float:
+        """Mean time from a kept rollout's first token to its last."""
+        return statistics.mean(r.arrivals[-1] - r.arrivals[0] for r in self.kept() if r.arrivals)
+
 
 async def rollout(http: httpx.AsyncClient, url: str, prompt: list[int], max_tokens: int, seed: int) -> Rollout:
     body = {"model": "tiny-qwen2", "prompt": prompt, "max_tokens": max_tokens, "temperature": 1.0, "seed": seed,
@@ -225,6 +233,8 @@ async def run(url: str, work: Path, args) -> tuple[dict, list[Phase]]:
     }
     for phase in phases:
         results[f"rollout_tokens_per_s_{phase.mode}"] = round(phase.tokens_per_s(), 1)
+        results[f"straddling_rollouts_{phase.mode}"] = phase.straddling()
+        results[f"rollout_s_mean_{phase.mode}"] = round(phase.rollout_s(), 2)
     results.update(clients=args.clients, max_tokens=args.max_tokens, update_every_s=args.update_every_s,
                    updates_per_mode=args.updates, workers=1)
     return results, phases
@@ -249,7 +259,8 @@ def main() -> None:
             stack.stop()
     for phase in phases:
         print(f"{phase.mode:>6}: {phase.tokens_per_s():7.1f} rollout tok/s, {phase.discarded():6d} tokens discarded, "
-              f"pauses {[round(p, 3) for p in phase.pauses()]}")
+              f"pauses {[round(p, 3) for p in phase.pauses()]}, rollouts {phase.rollout_s():.1f} s on average, "
+              f"{phase.straddling()} across two versions")
     print(f"keep / finish: {results['rollout_tokens_per_s_keep_over_finish']:.3f} (goal >= 1.5); "
           f"keep / abort: {results['rollout_tokens_per_s_keep_over_abort']:.3f}")
     print(f"version-mismatched tokens: {results['version_mismatched_tokens']} of {results['version_checked_tokens']} "

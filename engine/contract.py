@@ -85,8 +85,8 @@ class EngineRequest:
     cache_salt: str | None = None        # only requests with the same salt share cached KV
     max_policy_lag: int | None = None    # ends it (finish reason POLICY_LAG) once tokens come from weights more
                                          # than this many versions past its first token's (PolicyLag)
-    min_policy_version: int | None = None  # serve it only on workers at this policy version or newer: the front
-    allowed_workers: frozenset[WorkerId] | None = None  # door names them (None: any worker of its pool)
+    min_policy_version: int | None = None  # serve it only on workers at this policy version or newer,
+    allowed_workers: frozenset[WorkerId] | None = None  # which the front door names here (None: any worker)
 
 
 @dataclass
