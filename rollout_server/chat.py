@@ -272,8 +272,7 @@ def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generat
         events = []
         for delta in chunk.deltas:
             stream = streams.setdefault(delta.index, _ChoiceStream(delta.index, tool_plan))
-            sampled = len(generation.choices[delta.index].tokens) - len(delta.tokens)
-            for choice in _chunk_choices(ctx, req, stream, delta, sampled):
+            for choice in _chunk_choices(ctx, req, stream, delta, generation.first_index(delta)):
                 events.append(sse({**base, "choices": [choice], **running_usage_of(generation, running_usage)}))
             if delta.finish_reason:
                 result = generation.choices[delta.index]

@@ -114,8 +114,7 @@ def _stream(ctx: ServingContext, req: CompletionRequest, generation: Generation)
                 text = ctx.tokenizer.decode(generation.req.prompt_token_ids) + text
             choice = {"index": delta.index, "text": text, "finish_reason": delta.finish_reason, "logprobs": None}
             if delta.tokens:
-                sampled = len(generation.choices[delta.index].tokens) - len(delta.tokens)
-                choice["policy_versions"] = policy_versions(delta.tokens, sampled)
+                choice["policy_versions"] = policy_versions(delta.tokens, generation.first_index(delta))
             if req.logprobs is not None:
                 choice["logprobs"] = completion_logprobs(ctx.tokenizer, delta.tokens, req.logprobs,
                                                          req.return_tokens_as_token_ids)

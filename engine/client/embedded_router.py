@@ -230,13 +230,9 @@ class EmbeddedRouterClient:
         if finish is not None and finish not in ("stop", "eos", "length", "cancelled"):
             raise EngineUnavailable(f"the engine ended the request: {finish}")
         if lag is not None and (kept := lag.kept(tokens)) < len(tokens):
-            tokens = tokens[:kept]
-            step = texts[index].add([t.token_id for t in tokens])
-            if step.stopped:
-                return ChoiceDelta(index, step.text, tokens[:step.kept], "stop")
-            return ChoiceDelta(index, step.text + texts[index].finish(), tokens, POLICY_LAG)
+            tokens, finish = tokens[:kept], POLICY_LAG  # the first token past the budget ends the choice
         ids = [t.token_id for t in tokens]
-        if finish and ids and ids[-1] in stop_ids:
+        if finish not in (None, POLICY_LAG) and ids and ids[-1] in stop_ids:
             ids.pop()  # the stop id (the model's EOS, or one the client named) stays among the ids, not in the text
         step = texts[index].add(ids)
         if step.stopped:

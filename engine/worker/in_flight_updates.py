@@ -130,34 +130,28 @@ def _runs_into_every_message() -> None:
 
 
 def _update_in_flight() -> None:
-    """Dynamo's update_weights_from_disk, with rules 1-3: the engine's label, the epoch, and `running_kv`."""
+    """Dynamo's update_weights_from_disk (the worker paused: reload, reset the prefix cache), then rules 1 and
+    3: the engine's label, and `running_kv`. The worker stays paused until the deployer resumes it."""
     from dynamo.vllm import handlers
 
+    update = handlers.BaseWorkerHandler.update_weights_from_disk
+
     async def update_weights_from_disk(self, body: dict) -> dict:
-        if not isinstance(body, dict) or not body.get("model_path"):
-            return {"status": "error", "message": "the body must be a JSON object with 'model_path'"}
-        running_kv = body.get("running_kv", "keep")
+        running_kv = body.get("running_kv", "keep") if isinstance(body, dict) else "keep"
         if running_kv not in RUNNING_KV:
             return {"status": "error", "message": f"running_kv must be one of {', '.join(RUNNING_KV)}"}
-        async with self._pause_lock:
-            if not getattr(self, "_paused", False):
-                return {"status": "error", "message": "pause the worker (pause_generation) before updating weights"}
-            rpc = body.get("engine_rpc", "reload_weights")
-            path = body["model_path"]
-            kwargs = {"weights_path": path} if rpc == "reload_weights" else {"weight_path": path}
-            try:
-                await self.engine_client.collective_rpc(rpc, kwargs=kwargs)
-                if "weight_version" in body:
-                    self._weight_version = body["weight_version"]
-                    await self.engine_client.update_weight_version(str(body["weight_version"]))
-                emptied = await self.engine_client.reset_prefix_cache(
-                    reset_running_requests=running_kv == "recompute")
-            except Exception as exc:  # the worker's answer names it
-                log.exception("weight update from %s failed", path)
-                return {"status": "error", "message": str(exc)}
-            log.info("weights loaded from %s (version %s, epoch %d, running requests' KV: %s, prefix cache %s)",
-                     path, body.get("weight_version"), _Weights.epoch, running_kv,
-                     "emptied" if emptied else "kept for the requests holding it (salted apart)")
-            return {"status": "ok", "version": body.get("weight_version"), "epoch": _Weights.epoch}
+        answer = await update(self, body)
+        if answer.get("status") != "ok" or "weight_version" not in body:
+            return answer
+        try:
+            await self.engine_client.update_weight_version(str(body["weight_version"]))
+            if running_kv == "recompute":  # preempts the kept requests, so the cache empties
+                await self.engine_client.reset_prefix_cache(reset_running_requests=True)
+        except Exception as exc:  # the worker's answer names it
+            log.exception("weight update to version %s failed", body["weight_version"])
+            return {"status": "error", "message": str(exc)}
+        log.info("weights are version %s (epoch %d); kept requests' KV: %s", body["weight_version"], _Weights.epoch,
+                 running_kv)
+        return answer
 
     handlers.BaseWorkerHandler.update_weights_from_disk = update_weights_from_disk

@@ -146,6 +146,10 @@ class Generation:
             if self.on_choice_finished:
                 self.on_choice_finished(choice)
 
+    def first_index(self, delta: ChoiceDelta) -> int:
+        """The index, among its choice's completion tokens, of the delta's first token (once accumulated)."""
+        return len(self.choices[delta.index].tokens) - len(delta.tokens)
+
     async def chunks(self) -> AsyncIterator[EngineChunk]:
         """The engine's chunks, in order (the first was already read by start()), up to the one that makes the
         answer whole (`EngineChunk.final`). What follows it, the end of the engine stream and the request's
