@@ -1,21 +1,23 @@
-"""RL weight updates while rollouts run: keep mode against finish (drain) and abort, on one continuous load.
+"""RL weight updates while rollouts run: keep mode against finish (drain) and abort, from disk and pushed.
 
 One stack (one float32 worker) serves a continuous RL rollout load: `--clients` concurrent clients, each
-streaming sampled completions of `--max-tokens` tokens back to back. In each of three phases the trainer
-updates the weights every `--update-every-s` seconds through `POST /v1/rl/update_weights` (disk transport;
-two checkpoints alternate, so every update changes the weights), with `in_flight`:
+streaming sampled completions of `--max-tokens` tokens back to back. In each of four phases the trainer
+updates the weights every `--update-every-s` seconds (two checkpoints alternate, so every update changes the
+weights). The first three load them from disk through `POST /v1/rl/update_weights`, with `in_flight`:
 - finish: each update pauses the worker in vLLM's `wait` mode: rollouts in flight run to their end first;
 - abort:  they end at once with a retryable error; their tokens are discarded (the client would resample);
 - keep:   they freeze, the weights change, they go on (each token stamped with the version that sampled it).
+The fourth, transfer, is keep with no disk on the way: a trainer in this process (a transformers model)
+broadcasts its weights to the worker (finetune_deploy/trainer_client.py, gloo, the CPU path).
 
 Per phase: rollout tokens per second (tokens of rollouts that were not discarded, received in the phase),
 tokens discarded, each update's pause (from the deployer's record: pause asked -> resumed). Then, for rollouts
-of the keep phase that straddle an update, every served logprob around the boundary (8 tokens before, 16
+of the keep and transfer phases that straddle an update, every served logprob around the boundary (8 tokens before, 16
 after) is compared with transformers' logprob of the same token under the weights its stamp names, over the
 KV keep mode keeps (the old weights' for the tokens before the boundary): a token off by more than 1e-3 counts
 as version-mismatched.
 
-Run: .venv/bin/python benchmarks/rl_sync.py   (about 5 minutes on 2 cores)
+Run: .venv/bin/python benchmarks/rl_sync.py   (about 7 minutes on 2 cores)
 Writes benchmarks/results/rl_sync.json and benchmarks/results/rl_sync.png (tokens/s over time, three modes).
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import random
 import statistics
@@ -42,7 +45,8 @@ from rollout_server.tiny_model.builder import ensure_tiny_model  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "rl_sync.json"
 FIGURE = RESULTS.with_suffix(".png")
-MODES = ("finish", "abort", "keep")
+MODES = ("finish", "abort", "keep")  # in_flight, weights from disk
+TRANSFER = "transfer"  # in_flight keep, weights broadcast by a trainer (gloo)
 PROMPT_TOKENS = 32
 LOGPROB_TOLERANCE = 1e-3
 CHECKED_BEFORE, CHECKED_AFTER = 8, 16  # tokens checked on each side of a version boundary
@@ -118,7 +122,8 @@ async def rollout(http: httpx.AsyncClient, url: str, prompt: list[int], max_toke
     return seen
 
 
-async def run_phase(url: str, mode: str, checkpoints: list[Path], first_version: int, args) -> Phase:
+async def run_phase(url: str, mode: str, update, first_version: int, args) -> Phase:
+    """`update(version)`: asks for one update (returns the deployer's record of it)."""
     phase, stop = Phase(mode), asyncio.Event()
     rng = random.Random(mode)
 
@@ -131,24 +136,51 @@ async def run_phase(url: str, mode: str, checkpoints: list[Path], first_version:
     clients = [asyncio.create_task(client(k)) for k in range(args.clients)]
     await asyncio.sleep(args.warmup_s)
     phase.start = time.perf_counter()
-    async with httpx.AsyncClient(timeout=600) as http:
-        for i in range(args.updates):
-            await asyncio.sleep(args.update_every_s)
-            checkpoint = checkpoints[(first_version + i) % 2]
-            asked = time.perf_counter()
-            response = await http.post(f"{url}/v1/rl/update_weights", json={
-                "version": first_version + i, "target": {"kind": "base"}, "in_flight": mode,
-                "transport": {"filesystem": {"path": str(checkpoint)}}})
-            if response.status_code != 200:
-                raise SystemExit(f"update failed: {response.status_code} {response.text}")
-            phase.updates.append((asked, response.json()))
-            print(f"  {mode}: version {first_version + i} after {time.perf_counter() - asked:.2f} s "
-                  f"(pause {response.json()['pauses_s']})", flush=True)
+    for i in range(args.updates):
+        await asyncio.sleep(args.update_every_s)
+        asked = time.perf_counter()
+        progress = await update(first_version + i)
+        phase.updates.append((asked, progress))
+        print(f"  {mode}: version {first_version + i} after {time.perf_counter() - asked:.2f} s "
+              f"(pause {progress['pauses_s']})", flush=True)
     await asyncio.sleep(args.update_every_s)
     phase.end = time.perf_counter()
     stop.set()
     await asyncio.gather(*clients)
     return phase
+
+
+async def disk_update(url: str, mode: str, checkpoints: list[Path], version: int) -> dict:
+    """An update from a checkpoint on disk (two alternate), through POST /v1/rl/update_weights."""
+    async with httpx.AsyncClient(timeout=600) as http:
+        response = await http.post(f"{url}/v1/rl/update_weights", json={
+            "version": version, "target": {"kind": "base"}, "in_flight": mode,
+            "transport": {"filesystem": {"path": str(checkpoints[version % 2])}}})
+    if response.status_code != 200:
+        raise SystemExit(f"update failed: {response.status_code} {response.text}")
+    return response.json()
+
+
+class Pusher:
+    """The trainer of the transfer phase: a transformers model that takes the two checkpoints' weights in turn
+    and pushes them (finetune_deploy/trainer_client.py, gloo), as a trainer pushes after each step."""
+
+    def __init__(self, url: str, checkpoints: list[Path]):
+        from safetensors.torch import load_file
+        from transformers import AutoModelForCausalLM
+
+        from finetune_deploy.trainer_client import WeightPusher
+
+        self.model = AutoModelForCausalLM.from_pretrained(checkpoints[0], dtype=torch.float32)
+        self.weights = [load_file(c / "model.safetensors") for c in checkpoints]
+        self.pusher = WeightPusher.connect(url, self.model)
+        self.rounds_s: list[float] = []  # each push as the trainer saw it: start -> finish answered
+
+    async def push(self, version: int) -> dict:
+        self.model.load_state_dict(self.weights[version % 2], strict=False)
+        progress = await asyncio.to_thread(self.pusher.push, version)
+        self.rounds_s.append(progress["push_s"])
+        return progress
 
 
 def checked_tokens(phase: Phase, version_dirs: dict[int, Path], limit: int) -> tuple[int, int]:
@@ -194,7 +226,8 @@ def figure(phases: list[Phase], path: Path) -> None:
         counts = [0] * seconds
         for t in arrivals:
             counts[min(int(t), seconds - 1)] += 1
-        line, = ax.plot(range(seconds), counts, label=f"in_flight={phase.mode}")
+        label = "in_flight=keep, pushed (gloo)" if phase.mode == TRANSFER else f"in_flight={phase.mode}"
+        line, = ax.plot(range(seconds), counts, label=label)
         for asked, _ in phase.updates:
             ax.axvline(asked - phase.start, color=line.get_color(), alpha=0.3, linestyle="--")
     ax.set_xlabel("seconds (dashed: a weight update asked for)")
@@ -209,14 +242,21 @@ async def run(url: str, work: Path, args) -> tuple[dict, list[Phase]]:
     sources = [ensure_tiny_model(1, CACHE_DIR / "models"), ensure_tiny_model(0, CACHE_DIR / "models")]
     checkpoints = [copy_checkpoint(source, work / f"step-{i}") for i, source in enumerate(sources)]
     phases, version = [], 10
-    for mode in MODES:
+    pusher = await asyncio.to_thread(Pusher, url, checkpoints)
+    for mode in (*MODES, TRANSFER):
         print(f"phase {mode}: {args.clients} clients x {args.max_tokens} tokens, an update every "
               f"{args.update_every_s:g} s", flush=True)
-        phases.append(await run_phase(url, mode, checkpoints, version, args))
+        if mode == TRANSFER:
+            update = pusher.push
+        else:
+            update = functools.partial(disk_update, url, mode, checkpoints)
+        phases.append(await run_phase(url, mode, update, version, args))
         version += args.updates
-    keep = phases[-1]
-    keep_versions = {run["version"] for r in keep.kept() for run in r.runs}
-    checked, mismatched = checked_tokens(keep, {v: checkpoints[v % 2] for v in keep_versions}, args.checked_rollouts)
+    checked = mismatched = 0
+    for phase in phases[-2:]:  # keep (from disk) and keep (transfer): the same rules
+        versions = {run["version"] for r in phase.kept() for run in r.runs}
+        counts = checked_tokens(phase, {v: checkpoints[v % 2] for v in versions}, args.checked_rollouts)
+        checked, mismatched = checked + counts[0], mismatched + counts[1]
     by_mode = {p.mode: p for p in phases}
     results = {
         "rollout_tokens_per_s_keep_over_finish": round(by_mode["keep"].tokens_per_s()
@@ -227,10 +267,15 @@ async def run(url: str, work: Path, args) -> tuple[dict, list[Phase]]:
         "tokens_discarded_keep": by_mode["keep"].discarded(),
         "tokens_discarded_finish": by_mode["finish"].discarded(),
         "update_pause_s_disk_p50": round(statistics.median(by_mode["keep"].pauses()), 4),
+        "update_pause_s_transfer_p50": round(statistics.median(by_mode[TRANSFER].pauses()), 4),
+        "update_s_transfer_p50": round(statistics.median(pusher.rounds_s), 4),
+        "tokens_discarded_transfer": by_mode[TRANSFER].discarded(),
         "update_pause_s_finish_p50": round(statistics.median(by_mode["finish"].pauses()), 4),
         "version_mismatched_tokens": mismatched,
         "version_checked_tokens": checked,
     }
+    results["rollout_tokens_per_s_transfer_over_disk"] = round(by_mode[TRANSFER].tokens_per_s()
+                                                               / by_mode["keep"].tokens_per_s(), 3)
     for phase in phases:
         results[f"rollout_tokens_per_s_{phase.mode}"] = round(phase.tokens_per_s(), 1)
         results[f"straddling_rollouts_{phase.mode}"] = phase.straddling()
@@ -262,7 +307,8 @@ def main() -> None:
               f"pauses {[round(p, 3) for p in phase.pauses()]}, rollouts {phase.rollout_s():.1f} s on average, "
               f"{phase.straddling()} across two versions")
     print(f"keep / finish: {results['rollout_tokens_per_s_keep_over_finish']:.3f} (goal >= 1.5); "
-          f"keep / abort: {results['rollout_tokens_per_s_keep_over_abort']:.3f}")
+          f"keep / abort: {results['rollout_tokens_per_s_keep_over_abort']:.3f}; pause p50 from disk "
+          f"{results['update_pause_s_disk_p50']} s, pushed {results['update_pause_s_transfer_p50']} s (goal <= 0.5)")
     print(f"version-mismatched tokens: {results['version_mismatched_tokens']} of {results['version_checked_tokens']} "
           "checked (goal 0)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -159,17 +159,17 @@ class Deployer:
 
     async def pause_all(self) -> None:
         for worker in await self.list_workers():
-            await self._pause(worker)
+            await self.pause_worker(worker)
 
     async def resume_all(self) -> None:
         for worker in await self.list_workers():
-            await self._resume(worker)
+            await self.resume_worker(worker)
 
-    async def _pause(self, worker: WorkerHandle) -> None:
+    async def pause_worker(self, worker: WorkerHandle) -> None:
         self.paused_since.setdefault(worker.name, time.monotonic())
         await WorkerControl(worker).pause(self._pause_mode())
 
-    async def _resume(self, worker: WorkerHandle, progress: DeployProgress | None = None) -> None:
+    async def resume_worker(self, worker: WorkerHandle, progress: DeployProgress | None = None) -> None:
         await WorkerControl(worker).resume()
         since = self.paused_since.pop(worker.name, None)
         if since is not None:
@@ -222,10 +222,28 @@ class Deployer:
     @contextlib.asynccontextmanager
     async def _claim(self):
         """The pool's deploy lock, or DeployBusy at once when another deploy holds it."""
+        await self.hold()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    async def hold(self, in_flight: str | None = None, running_kv: RunningKv | None = None) -> None:
+        """Takes the pool's deploy lock (DeployBusy at once when another deploy holds it) for a deploy that
+        pauses workers with `in_flight` (None: the setting's). `release` gives it back."""
         if self.busy:
             raise DeployBusy(f"a deploy of pool {self.pool!r} is running; wait for it to finish")
-        async with self._lock:
-            yield
+        await self._lock.acquire()
+        self._in_flight = in_flight or self.settings.in_flight
+        self._running_kv = running_kv or self.settings.running_kv
+
+    def release(self) -> None:
+        self._lock.release()
+
+    @property
+    def running_kv(self) -> RunningKv:
+        """Of the deploy running now (in_flight keep)."""
+        return self._running_kv
 
     async def _deploy(self, version: RegisteredVersion, mode: Mode | None, action: str,
                       in_flight: str | None, running_kv: RunningKv | None = None) -> DeployProgress:
@@ -267,7 +285,7 @@ class Deployer:
                 await self._run_step(step, by_name[step.worker], version, paused, switched, progress)
                 progress.steps_done += 1
         except WorkerControlError as exc:
-            await self._put_back(old, [by_name[n] for n in switched], [by_name[n] for n in paused])
+            await self.put_back(old, [by_name[n] for n in switched], [by_name[n] for n in paused])
             raise DeployError(f"{exc}; the pool still serves version {old.version}") from exc
         self.models.base_switched(version.version, version.path)
 
@@ -277,7 +295,7 @@ class Deployer:
         if step.action == "pause":
             if self._pause_mode() == "abort" and worker.instance_id is not None:
                 self.models.worker_aborting(worker.instance_id)
-            await self._pause(worker)
+            await self.pause_worker(worker)
             paused.add(worker.name)
         elif step.action == "update_weights":
             switched.add(worker.name)  # before the call: a half-done reload must be undone too
@@ -285,28 +303,28 @@ class Deployer:
             if worker.instance_id is not None:
                 self.models.worker_switched(worker.instance_id, version.version)
         elif step.action == "reset_kv":
-            await self._reset_tiers(worker, step.tiers, version.version)
+            await self.reset_tiers(worker, step.tiers, version.version)
         elif step.action == "resume":
-            await self._resume(worker, progress)
+            await self.resume_worker(worker, progress)
             paused.discard(worker.name)
 
-    async def _put_back(self, old: RegisteredVersion, switched: list[WorkerHandle], paused: list[WorkerHandle]) -> None:
+    async def put_back(self, old: RegisteredVersion, switched: list[WorkerHandle], paused: list[WorkerHandle]) -> None:
         """Best effort: old weights on every switched worker, then every paused worker resumes."""
         for worker in switched:
             control = WorkerControl(worker)
             try:
                 if worker not in paused:
-                    await self._pause(worker)
+                    await self.pause_worker(worker)
                     paused.append(worker)
                 await control.load_weights(Path(old.path), old.version)
-                await self._reset_tiers(worker, self._tiers(), old.version)
+                await self.reset_tiers(worker, self.tiers(), old.version)
                 if worker.instance_id is not None:
                     self.models.worker_switched(worker.instance_id, old.version)
             except WorkerControlError:
                 log.exception("%s: could not go back to version %d", worker.name, old.version)
         for worker in paused:
             try:
-                await self._resume(worker)
+                await self.resume_worker(worker)
             except WorkerControlError:
                 log.exception("%s: could not resume", worker.name)
 
@@ -319,16 +337,16 @@ class Deployer:
         if not workers:  # a pool scaled to zero: the workers it starts later load the version it serves
             return []
         return plan_rollout([w.name for w in workers], mode, version.version, version.path, "full",
-                            kv_tiers=self._tiers())
+                            kv_tiers=self.tiers())
 
-    async def _reset_tiers(self, worker: WorkerHandle, tiers: tuple[str, ...], version: PolicyVersion) -> None:
+    async def reset_tiers(self, worker: WorkerHandle, tiers: tuple[str, ...], version: PolicyVersion) -> None:
         if "device" in tiers:
             await WorkerControl(worker).flush_cache()
         if "host" in tiers and self.host_tier is not None:
             # Host-tier blocks are keyed by policy version: switching the key is the reset (old blocks age out).
             await self.host_tier.full_weights(worker, version)
 
-    def _tiers(self) -> tuple[str, ...]:
+    def tiers(self) -> tuple[str, ...]:
         return ("device", "host") if self.host_tier is not None else ("device",)
 
     def _pause_mode(self) -> PauseMode:

@@ -159,6 +159,12 @@ class CheckpointRegistry:
             _add_event(conn, row["pool"], version, "registered", message)
         return self.get(row["pool"], version)
 
+    def highest_version(self, pool: str) -> PolicyVersion:
+        """The highest version the pool ever had: a version registered next must be above it."""
+        with self.engine.connect() as conn:
+            return conn.execute(select(func.max(policy_versions.c.version))
+                                .where(policy_versions.c.pool == pool)).scalar() or BASE_VERSION
+
     def mark_status(self, pool: str, version: int, status: str, message: str = "") -> RegisteredVersion:
         """Moves a version along its lifecycle; `serving` retires the version that served before."""
         with self.engine.begin() as conn:

@@ -26,6 +26,7 @@ from engine.ids import DEFAULT_POOL
 from engine.supervisor.health import StackHealth
 from engine.supervisor.pools import PoolSet
 from finetune_deploy.executor import Deployer
+from finetune_deploy.weight_transfer import WeightTransfer
 from rollout_server.auth import Authenticator, Principal
 from rollout_server.batch_runner import BatchRunner
 from rollout_server.errors import APIError, error_responses, install_error_handlers, model_not_found
@@ -37,6 +38,7 @@ from rollout_server.pool_access import reachable_pools
 from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
 from rollout_server.routes.batches import batches_router
 from rollout_server.routes.deployments import deploy_router
+from rollout_server.routes.weight_transfer import weight_transfer_router
 from rollout_server.routes.rewards import rewards_router
 from rollout_server.routes.usage import usage_router
 from rollout_server.serving.context import ServingContext
@@ -56,6 +58,7 @@ class AppState:
     usage: UsageRecorder | None = None
     batches: BatchRunner | None = None
     deployer: Deployer | None = None   # when the stack's workers can be deployed to
+    weight_transfer: WeightTransfer | None = None  # a trainer's pushed weights, to the deployer's pool
     pools: PoolSet | None = None       # the default pool and the declared ones
     started_at: float = 0.0
 
@@ -130,7 +133,9 @@ def create_app(state: AppState) -> GenerationRoutes:
     if state.usage is not None:
         app.include_router(usage_router(state.usage.store, caller))
     if state.deployer is not None:
-        app.include_router(deploy_router(state.deployer, caller))
+        app.include_router(deploy_router(state.deployer, caller, state.weight_transfer))
+    if state.weight_transfer is not None:
+        app.include_router(weight_transfer_router(state.weight_transfer, caller))
     if state.batches is not None:
         app.include_router(batches_router(state.batches.store, caller, runner=state.batches,
                                           max_file_bytes=ctx.settings.batches.max_file_bytes))

@@ -17,6 +17,7 @@ from engine.supervisor.pools import PoolSet
 from engine.supervisor.stack import Stack
 from engine.supervisor.worker_control import WorkerHandle
 from finetune_deploy.executor import Deployer
+from finetune_deploy.weight_transfer import WeightTransfer
 from finetune_deploy.registry import CheckpointRegistry, RegistryError
 from finetune_deploy.served_models import ModelTable
 from rollout_server.app import AppState, internal_execute
@@ -116,7 +117,8 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack:
     deployer.on_pause_ended = ctx.metrics.update_pause.observe
     auth = Authenticator(KeyStore(database, settings.server.admin_key), settings.server.keys_recheck_s)
     state = AppState(ctx=ctx, auth=auth, health=pools.pools[DEFAULT_POOL].deployments[0].health, deployer=deployer,
-                     pools=pools)
+                     pools=pools, weight_transfer=WeightTransfer(deployer, settings.state.resolved_state_dir
+                                                                  / "pushed-weights" / settings.deploy.pool))
     ctx.limiter = RateLimiter(KeyLimitStore(database, settings.quotas).limits_for)
     ctx.on_finish.append(ctx.limiter.on_finish)
     if settings.usage.enabled:

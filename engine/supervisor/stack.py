@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.gloo_weights import BACKEND as GLOO_BACKEND
 from engine.ids import BASE_VERSION, PolicyVersion
 from engine.kv_tier.config import TierConnectorConfig, kv_transfer_config
 from engine.kv_tier.policy import write_adapter_version, write_policy_version
@@ -144,6 +145,8 @@ class Stack:
         ]
         if self.settings.enforce_eager:
             argv.append("--enforce-eager")
+        # A trainer's weights arrive by broadcast: NCCL on CUDA, gloo on CPU (engine/worker/gloo_weight_transfer.py)
+        argv += ["--weight-transfer-config", json.dumps({"backend": "nccl" if has_cuda() else GLOO_BACKEND})]
         argv += disaggregation.worker_args(worker.role, self.settings.disaggregation)
         lora = self.settings.lora
         if lora.enable_lora:

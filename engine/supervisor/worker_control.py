@@ -3,7 +3,7 @@
 Dynamo's vLLM worker serves these on its system port as `POST /engine/<route>`
 (`dynamo/vllm/handlers.py`): pause_generation / resume_generation,
 update_weights_from_disk (the worker must be paused; it resets the prefix cache
-itself), flush_cache, get/set_weight_version, load_lora / unload_lora. This
+itself), init_weights_update_group / update_weights_from_distributed (a trainer's broadcast), flush_cache, get/set_weight_version, load_lora / unload_lora. This
 module is a thin, typed client of those routes; the rollout order lives in
 `finetune_deploy/`.
 """
@@ -64,6 +64,32 @@ class WorkerControl:
         what requests frozen by a keep-mode pause do with their old-weights KV (engine/worker/in_flight_updates.py)."""
         await self._call("update_weights_from_disk", {"model_path": str(path), "weight_version": str(version),
                                                       "engine_rpc": self.worker.reload_rpc, "running_kv": running_kv})
+
+    # A trainer's broadcast (vLLM's weight-transfer flow; Dynamo runs each step as one RPC of vLLM's worker)
+
+    async def join_weight_transfer(self, init_info: dict) -> None:
+        """Joins the trainer's transfer group; returns once every rank has joined."""
+        await self._call("init_weights_update_group", {"engine_rpc": "init_weight_transfer_engine",
+                                                       "init_info": init_info})
+
+    async def leave_weight_transfer(self) -> None:
+        await self._call("destroy_weights_update_group", {"engine_rpc": "shutdown_weight_transfer_engine"})
+
+    async def start_weight_update(self) -> None:
+        """Worker paused: a round of received weights begins."""
+        await self._distributed("start_weight_update")
+
+    async def receive_weights(self, update_info: dict | list[dict]) -> None:
+        """Receives (and loads) the tensors `update_info` lists; returns when the trainer has sent them all."""
+        await self._distributed("update_weights", update_info=update_info)
+
+    async def finish_weight_update(self, version: PolicyVersion, running_kv: RunningKv = "keep") -> None:
+        """The round's weights serve from now on, as `version` (what `load_weights` says of `version` holds)."""
+        await self._call("update_weights_from_distributed", {"engine_rpc": "finish_weight_update",
+                                                             "weight_version": str(version), "running_kv": running_kv})
+
+    async def _distributed(self, rpc: str, **kwargs) -> None:
+        await self._call("update_weights_from_distributed", {"engine_rpc": rpc, "reset_prefix_cache": False, **kwargs})
 
     async def flush_cache(self) -> None:
         await self._call("flush_cache", {})

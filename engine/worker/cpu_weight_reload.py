@@ -56,7 +56,12 @@ class CPUWeightReload:
     def reload_weights_keeping_packing(self, weight_path: str) -> None:  # = worker_control.CPU_RELOAD_RPC
         model = self.model_runner.model
         model.load_weights(_checkpoint_tensors(weight_path))
-        for module in model.modules():
-            method = getattr(module, "quant_method", None)
-            if method is not None and hasattr(module, "cpu_linear"):
-                method.process_weights_after_loading(module)  # repack from the new weights
+        repack(model)
+
+
+def repack(model: torch.nn.Module) -> None:
+    """Rebuilds every linear layer's packed form from its (kept) weights, after new weights were loaded into them."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None and hasattr(module, "cpu_linear"):
+            method.process_weights_after_loading(module)

@@ -6,7 +6,7 @@ both on paths a text model never takes (shared/notes/field-notes.md):
   - the embedding worker imports `get_engine_zmq_addresses`, gone from vLLM 0.32.
 We provide those two names so the imports succeed; calling either is an error.
 It also takes weight updates while requests run, stamping every token with its weights
-(engine/worker/in_flight_updates.py), applies the per-request stream interval the front door sends (engine/stream_interval.py),
+(engine/worker/in_flight_updates.py), received from a trainer's broadcast too (engine/worker/gloo_weight_transfer.py), applies the per-request stream interval the front door sends (engine/stream_interval.py),
 leaves out what nobody reads of logprob entries (their token text: the front door asks for ids and renders
 the text itself; "top logprobs" that only repeat the sampled token),
 caches vLLM's environment settings once the engine is up (as vLLM's engine core does),
@@ -29,7 +29,7 @@ import sys
 import time
 import types
 
-from engine.worker import engine_core_placement, in_flight_updates
+from engine.worker import engine_core_placement, gloo_weight_transfer, in_flight_updates
 
 log = logging.getLogger("rollout_serve.worker")
 WARM_UP_PROMPT = list(range(1, 9))  # with WARM_UP_TOKENS, shorter than any KV block: nothing is cached,
@@ -172,6 +172,7 @@ def main() -> None:
     if current_platform.is_cpu():
         _fork_engine_core()
         engine_core_placement.run_model_runner_in_engine_core()
+    gloo_weight_transfer.register()  # before vLLM builds its worker (in a process forked from this one)
     patch_dynamo()
     sys.argv[0] = "dynamo.vllm"
     runpy.run_module("dynamo.vllm", run_name="__main__", alter_sys=True)

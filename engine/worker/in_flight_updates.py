@@ -130,14 +130,23 @@ def _runs_into_every_message() -> None:
 
 
 def _update_in_flight() -> None:
-    """Dynamo's update_weights_from_disk (the worker paused: reload, reset the prefix cache), then rules 1 and
-    3: the engine's label, and `running_kv`. The worker stays paused until the deployer resumes it."""
+    """Dynamo's two updates of a paused worker's weights, each followed by rules 1 and 3 (the engine's label,
+    and `running_kv`): update_weights_from_disk (reload, reset the prefix cache), and the last step of a
+    trainer's broadcast, update_weights_from_distributed calling vLLM's `finish_weight_update`. The worker stays
+    paused until the deployer resumes it."""
     from dynamo.vllm import handlers
 
-    update = handlers.BaseWorkerHandler.update_weights_from_disk
+    handlers.BaseWorkerHandler.update_weights_from_disk = _then_label(handlers.BaseWorkerHandler.update_weights_from_disk)
+    handlers.BaseWorkerHandler.update_weights_from_distributed = _then_label(
+        handlers.BaseWorkerHandler.update_weights_from_distributed)
 
-    async def update_weights_from_disk(self, body: dict) -> dict:
-        running_kv = body.get("running_kv", "keep") if isinstance(body, dict) else "keep"
+
+def _then_label(update):
+    async def update_then_label(self, body: dict) -> dict:
+        if not isinstance(body, dict):
+            return await update(self, body)
+        body = dict(body)
+        running_kv = body.pop("running_kv", "keep")  # ours, not Dynamo's: not passed on to vLLM's RPC
         if running_kv not in RUNNING_KV:
             return {"status": "error", "message": f"running_kv must be one of {', '.join(RUNNING_KV)}"}
         answer = await update(self, body)
@@ -154,4 +163,4 @@ def _update_in_flight() -> None:
                  running_kv)
         return answer
 
-    handlers.BaseWorkerHandler.update_weights_from_disk = update_weights_from_disk
+    return update_then_label

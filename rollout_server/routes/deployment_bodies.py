@@ -4,6 +4,7 @@ Three ways in, one meaning out (a WeightUpdate):
 - POST /v1/admin/deployments  {"path", "pool", "as": "full"|"lora", "name"}    our admin API
 - POST /update_weights        {"weight_dir"}                                  prime-rl's shape
 - POST /v1/rl/update_weights  {"version", "target": {...}, "transport": {...}} Dynamo's RL API shape
+  (transport "filesystem": a checkpoint's path; "gloo": the tensors a connected trainer broadcasts meanwhile)
 
 Our admin API refuses unknown fields (a typo must not deploy with defaults);
 the two borrowed shapes ignore them, as their own servers do.
@@ -14,7 +15,7 @@ Each model's JSON schema (the OpenAPI document's) says what its validators requi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -28,9 +29,9 @@ from pydantic import (
     model_validator,
 )
 
+from engine.weight_stamps import RunningKv
 from finetune_deploy.checkpoint_files import CheckpointError
 from finetune_deploy.checkpoints import detect_kind
-from engine.weight_stamps import RunningKv
 from finetune_deploy.settings import InFlight
 from finetune_deploy.weight_update import WeightUpdate
 from rollout_server.errors import APIError, bad_request
@@ -118,18 +119,33 @@ class FilesystemTransport(DocumentedModel):
     path: AbsolutePath
 
 
-class Transport(DocumentedModel):
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"additionalProperties": False})  # _filesystem_only
+class GlooTransport(DocumentedModel):
+    """Weights broadcast by the trainer connected through /v1/rl/weight_transfer (rollout_server/routes/
+    weight_transfer.py) while this request runs: start, one update of these tensors, finish as `version`."""
 
-    filesystem: FilesystemTransport
+    model_config = ConfigDict(extra="ignore")
+
+    update_info: dict[str, Any]  # names, dtype_names, shapes, in sending order
+
+
+class Transport(DocumentedModel):
+    model_config = ConfigDict(extra="ignore", json_schema_extra={  # _one_known
+        "additionalProperties": False, "minProperties": 1, "maxProperties": 1})
+
+    filesystem: FilesystemTransport | None = None
+    gloo: GlooTransport | None = None
 
     @model_validator(mode="before")
     @classmethod
-    def _filesystem_only(cls, data):
+    def _one_known(cls, data):
         # Other backends (nccl, ipc) are refused by name: ignoring them would report a missing filesystem block.
-        others = [key for key in data if key != "filesystem"] if isinstance(data, dict) else []
-        if others:
-            raise ValueError(f"transport {others[0]!r} is not supported here; only 'filesystem'")
+        keys = list(data) if isinstance(data, dict) else []
+        unknown = [key for key in keys if key not in ("filesystem", "gloo")]
+        if unknown:
+            raise ValueError(f"transport {unknown[0]!r} is not supported here; 'filesystem' or 'gloo' (the CPU "
+                             "path of a trainer's broadcast)")
+        if len(keys) != 1:
+            raise ValueError("name one transport: 'filesystem' or 'gloo'")
         return data
 
 
@@ -153,10 +169,17 @@ class RLUpdateWeightsRequest(DocumentedModel):
         target = info.data.get("target")
         if transport is None and target is not None and target.op != "unload":
             raise ValueError("transport.filesystem.path is required to load or swap weights")
+        if transport is not None and transport.gloo is not None and target is not None and target.kind != "base":
+            raise ValueError("a trainer's broadcast (gloo) carries full weights: target.kind must be 'base'")
         return transport
 
+    @property
+    def pushed(self) -> GlooTransport | None:
+        """The tensors a connected trainer broadcasts during this request, if that is the transport."""
+        return self.transport.gloo if self.transport else None
+
     def weight_update(self) -> WeightUpdate:
-        path = Path(self.transport.filesystem.path) if self.transport else None
+        path = Path(self.transport.filesystem.path) if self.transport and self.transport.filesystem else None
         kind = "full" if self.target.kind == "base" else "lora"
         return WeightUpdate(kind=kind, op=self.target.op, path=path, name=self.target.name, version=self.version)
 

@@ -22,13 +22,14 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 
 from finetune_deploy.checkpoint_files import CheckpointError
-from finetune_deploy.executor import DeployBusy, Deployer, DeployError, DeployProgress, LoraDisabled
+from finetune_deploy.executor import Deployer, DeployProgress, LoraDisabled
 from finetune_deploy.registry import RegisteredVersion, RegistryError
+from finetune_deploy.weight_transfer import WeightTransfer
 from finetune_deploy.weight_update import WeightUpdate
 from rollout_server.auth import Principal
-from rollout_server.errors import APIError, bad_request, error_responses
-from rollout_server.fast_json import parse_json
+from rollout_server.errors import APIError, error_responses
 from rollout_server.openapi import json_body
+from rollout_server.routes.admin import admin_only, json_body_of, worker_call
 from rollout_server.routes.deployment_bodies import (
     DeploymentRequest,
     PrimeUpdateWeightsRequest,
@@ -37,6 +38,7 @@ from rollout_server.routes.deployment_bodies import (
     checkpoint_api_error,
     parse_request,
 )
+from rollout_server.routes.weight_transfer import pushed_round
 
 # The error statuses of every route here: a missing or wrong key (401), a key that is not an admin's (403);
 # and of one that deploys, also: a bad body (400), refused by the pool's state (409), a body over the limit (413),
@@ -49,16 +51,11 @@ _DONE = {200: {"description": "Done (`wait`).", "content": {"application/json": 
 log = logging.getLogger(__name__)
 
 
-def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[Principal]]) -> APIRouter:
+def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[Principal]],
+                  transfer: WeightTransfer | None = None) -> APIRouter:
     router = APIRouter()
     running: set[asyncio.Task] = set()
-
-    async def admin(request: Request) -> Principal:
-        who = await principal(request)
-        if not who.is_admin:
-            raise APIError(403, "Deploys and weight updates need an admin key (rollout-serve keys create --admin).",
-                           code="admin_key_required")
-        return who
+    admin = admin_only(principal)
 
     async def answered_early(deploying: Callable[[asyncio.Future], Awaitable[DeployProgress]]) -> RegisteredVersion:
         """Starts a deploy that goes on after the response (202); returns its version once registered. A refusal
@@ -78,7 +75,7 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
                  responses={**_DONE, **error_responses(*_DEPLOYS, 404)},
                  openapi_extra=json_body(DeploymentRequest))
     async def create_deployment(request: Request):
-        req = parse_request(DeploymentRequest, await _json_body(request))
+        req = parse_request(DeploymentRequest, await json_body_of(request))
         _check_pool(deployer, req.pool)
         update = req.weight_update()
 
@@ -113,7 +110,7 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
                  responses={**_DONE, **error_responses(*_DEPLOYS, 404)},
                  openapi_extra=json_body(RollbackRequest, required=False))
     async def rollback(request: Request):
-        req = parse_request(RollbackRequest, await _json_body(request))
+        req = parse_request(RollbackRequest, await json_body_of(request))
         _check_pool(deployer, req.pool)
 
         def deploying(registered: asyncio.Future | None = None) -> Awaitable[DeployProgress]:
@@ -126,18 +123,24 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
     @router.post("/update_weights", dependencies=[Depends(admin)], responses=error_responses(*_DEPLOYS),
                  openapi_extra=json_body(PrimeUpdateWeightsRequest))
     async def prime_update_weights(request: Request):
-        update = parse_request(PrimeUpdateWeightsRequest, await _json_body(request)).weight_update()
+        update = parse_request(PrimeUpdateWeightsRequest, await json_body_of(request)).weight_update()
         deploying = deployer.register_and_deploy(update, "all_at_once", "keep")
         return _progress_response(await _registration_answer(deploying, update, param="weight_dir"))
 
     @router.post("/v1/rl/update_weights", dependencies=[Depends(admin)], responses=error_responses(*_DEPLOYS, 404),
                  openapi_extra=json_body(RLUpdateWeightsRequest))
     async def rl_update_weights(request: Request):
-        req = parse_request(RLUpdateWeightsRequest, await _json_body(request))
+        req = parse_request(RLUpdateWeightsRequest, await json_body_of(request))
+        if req.pushed is not None:
+            if transfer is None:
+                raise APIError(409, "This server takes no pushed weights.", param="transport.gloo",
+                               code="weight_transfer_unavailable")
+            return _progress_response(await pushed_round(transfer, req.pushed.update_info, req.version,
+                                                         req.in_flight, req.running_kv))
         update = req.weight_update()
         if update.op == "unload":
             await _require_served_adapter(deployer, update.name)
-            return _progress_response(await _worker_call(deployer.unload_adapter(update.name)))
+            return _progress_response(await worker_call(deployer.unload_adapter(update.name)))
         deploying = deployer.register_and_deploy(update, "all_at_once", req.in_flight, running_kv=req.running_kv)
         return _progress_response(await _registration_answer(deploying, update, param="transport.filesystem.path"))
 
@@ -150,23 +153,16 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
 
 def _pause(deployer: Deployer):
     async def pause():
-        await _worker_call(deployer.pause_all())
+        await worker_call(deployer.pause_all())
         return {"status": "ok", "paused": True, "pool": deployer.pool}
     return pause
 
 
 def _resume(deployer: Deployer):
     async def resume():
-        await _worker_call(deployer.resume_all())
+        await worker_call(deployer.resume_all())
         return {"status": "ok", "paused": False, "pool": deployer.pool}
     return resume
-
-
-async def _json_body(request: Request) -> object:
-    try:
-        return parse_json(await request.body() or b"{}")
-    except ValueError as exc:
-        raise bad_request(f"Malformed JSON in request body: {exc}", code="invalid_json") from None
 
 
 async def _require_served_adapter(deployer: Deployer, name: str) -> None:
@@ -188,7 +184,7 @@ async def _registration_answer(deploying: Awaitable[DeployProgress], update: Wei
                                param: str) -> DeployProgress:
     """A deploy of a new checkpoint; one the pool cannot take is a 409 naming the request field `param`."""
     try:
-        return await _worker_call(deploying)
+        return await worker_call(deploying)
     except CheckpointError as exc:
         raise checkpoint_api_error(exc, param=param) from None
     except OSError as exc:  # a path the server cannot look into (a name too long, no permission)
@@ -203,19 +199,9 @@ async def _registration_answer(deploying: Awaitable[DeployProgress], update: Wei
 
 async def _rollback_answer(deploying: Awaitable[DeployProgress]) -> DeployProgress:
     try:
-        return await _worker_call(deploying)
+        return await worker_call(deploying)
     except RegistryError as exc:  # no earlier version, or one that cannot serve again
         raise APIError(409, str(exc), param="to_version", code="invalid_rollback") from None
-
-
-async def _worker_call(work):
-    try:
-        return await work
-    except DeployBusy as exc:
-        raise APIError(409, f"{exc}; retry when it has finished.", code="deploy_in_progress",
-                       headers={"Retry-After": "5"}) from None
-    except DeployError as exc:
-        raise APIError(502, f"Deploy failed: {exc}", code="deploy_failed", type="api_error") from None
 
 
 def _log_background_failure(task: asyncio.Task) -> None:

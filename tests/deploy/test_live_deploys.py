@@ -472,3 +472,155 @@ def sample(metrics: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+# A trainer of its own process (finetune_deploy/trainer_client.py): loads a checkpoint as its policy, connects to the
+# pool, says so, then pushes its weights as the version each line of its input names.
+TRAINER = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+from finetune_deploy.trainer_client import WeightPusher
+
+url, model_dir = sys.argv[1], sys.argv[2]
+policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+pusher = WeightPusher.connect(url, policy, bucket_bytes=4 * 2**20)  # several buckets for the tiny model
+print("connected", flush=True)
+for line in sys.stdin:
+    try:
+        print(json.dumps(pusher.push(int(line))), flush=True)
+    except RuntimeError as exc:
+        print(json.dumps({"refused": str(exc)}), flush=True)
+pusher.close()
+"""
+
+
+class Trainer:
+    """The TRAINER script, running: `push(version)` returns its account of the round."""
+
+    def __init__(self, stack, policy_dir: Path):
+        import subprocess
+        import sys
+
+        self.process = subprocess.Popen([sys.executable, "-c", TRAINER, stack.url, str(policy_dir)], text=True,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.process.stdout.readline().strip() == "connected", "the trainer did not connect"
+
+    def push(self, version: int) -> dict:
+        import json
+
+        self.process.stdin.write(f"{version}\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+    def close(self) -> int:
+        self.process.stdin.close()
+        return self.process.wait(timeout=60)
+
+
+def test_a_trainer_process_pushes_weights_by_broadcast_while_streams_run(stack, checkpoints, base_dir, finetuned_dir,
+                                                                         tokenizer):
+    """The tensor transport end to end: a separate trainer process broadcasts its model's weights (gloo, no
+    checkpoint on the way) while streams decode. Same rules as an update from disk in keep mode: no stream loses a
+    token, each changes version at one boundary, the tokens after it are the pushed weights' greedy tokens over the
+    old weights' KV; a fresh request gets the pushed weights; and the registry holds the pushed version with a
+    checkpoint the recorder wrote, equal to the trainer's weights."""
+    prompt_ids = tokenizer.encode(PROMPT)
+    old_dir = Path(httpx.get(f"{stack.url}/v1/models", timeout=30).json()["data"][0]["root"])
+    current = complete(stack, prompt_ids, tokens=LONG)
+    old_version, new_version = current["policy_version"], current["policy_version"] + 3
+    pushed = base_dir if _same_weights(old_dir, finetuned_dir) else finetuned_dir
+    trainer = Trainer(stack, pushed)
+    try:
+        round_, outcomes = streams_across(stack, prompt_ids, lambda: trainer.push(new_version))
+        assert round_.get("status") == "serving", round_
+        assert round_["in_flight"] == "keep" and len(round_["pauses_s"]) == 2
+        for seen in outcomes:
+            assert not seen.error and len(seen.tokens) == LONG
+            assert [run["version"] for run in seen.runs] == [old_version, new_version], seen.runs
+            boundary = seen.runs[1]["first_token_index"]
+            assert seen.tokens[:boundary] == current["choices"][0]["token_ids"][:boundary]
+            after = hf_continuation(old_dir, pushed, prompt_ids + seen.tokens[:boundary],
+                                    len(prompt_ids) + boundary - 1, 16)
+            assert seen.tokens[boundary:boundary + 16] == after, f"tokens after the boundary at {boundary}"
+
+        fresh = complete(stack, prompt_ids)
+        assert fresh["policy_version"] == new_version
+        assert fresh["choices"][0]["token_ids"] == hf_greedy(pushed, prompt_ids)
+        recorded = httpx.get(f"{stack.url}/v1/admin/deployments/{new_version}", timeout=30).json()
+        assert recorded["status"] == "serving" and "pushed-weights" in recorded["path"]
+        written = load_file(Path(recorded["path"]) / "model.safetensors")
+        trained = load_file(pushed / "model.safetensors")
+        assert written.keys() == trained.keys() and all(torch.equal(written[k], trained[k]) for k in trained)
+        # A version at or below one the pool had is refused; the pool keeps serving what it served
+        refused = trainer.push(new_version)
+        assert "409" in refused["refused"] and "not above" in refused["refused"], refused
+        assert complete(stack, prompt_ids)["policy_version"] == new_version
+    finally:
+        assert trainer.close() == 0
+
+
+def test_weight_transfer_calls_out_of_order_or_unfit_are_refused_and_one_call_pushes(stack, tokenizer):
+    """The trainer's routes refuse what does not fit (400, the field named) and calls out of order (409), leaving
+    the pool as it was; and POST /v1/rl/update_weights with transport gloo runs a whole round in one call while this
+    process, as the trainer, broadcasts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine import gloo_weights
+    from engine.gloo_weights import GlooUpdateInfo
+    from finetune_deploy.trainer_client import PoolWeightSync
+
+    routes = f"{stack.url}/v1/rl/weight_transfer"
+    assert httpx.get(f"{routes}/get_world_size", timeout=30).json()["world_size"] == 3  # 2 workers, the recorder
+    refusals = [
+        (f"{routes}/start_weight_update", {}, 409, None),  # no trainer connected
+        (f"{routes}/update_weights", {"update_info": {"names": [], "dtype_names": [], "shapes": []}}, 409, None),
+        (f"{routes}/init_weight_transfer_engine", {"init_info": {"master_address": "127.0.0.1", "master_port": 1,
+                                                                 "world_size": 3}}, 400, "init_info"),
+        (f"{routes}/init_weight_transfer_engine", {"init_info": {"world_size": 4}}, 400, "init_info"),
+        (f"{routes}/finish_weight_update", {"weight_version": "seven"}, 400, "weight_version"),
+        (f"{stack.url}/v1/rl/update_weights", {"version": 99, "target": {"kind": "base"},
+                                               "transport": {"nccl": {}}}, 400, "transport"),
+        (f"{stack.url}/v1/rl/update_weights", {"version": 99, "target": {"kind": "lora", "name": "a"},
+                                               "transport": {"gloo": {"update_info": {}}}}, 400, "transport"),
+        (f"{stack.url}/v1/rl/update_weights", {"version": 99, "target": {"kind": "base"},
+                                               "transport": {"gloo": {"update_info": {}}}}, 409, None),
+    ]
+    for url, body, status, param in refusals:
+        response = httpx.post(url, json=body, timeout=60)
+        assert response.status_code == status and response.json()["error"]["param"] == param, (url, response.text)
+    prompt_ids = tokenizer.encode(PROMPT)
+    before = complete(stack, prompt_ids)
+
+    # This process is the trainer: it pushes the weights serving now (as a vLLM model's checkpoint names them)
+    served = Path(httpx.get(f"{stack.url}/v1/models", timeout=30).json()["data"][0]["root"])
+    tensors = load_file(served / "model.safetensors")
+    update = GlooUpdateInfo.of(tensors.items())
+    store = gloo_weights.host_rendezvous("127.0.0.1", 4, timeout_s=10)
+    client = PoolWeightSync(stack.url)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        joined = pool.submit(client.init_weight_transfer_engine, {
+            "master_address": "127.0.0.1", "master_port": store.port, "world_size": 4, "timeout_s": 10})
+        group = gloo_weights.join("127.0.0.1", store.port, 0, 4, timeout_s=10, store=store)
+        joined.result()
+        # A round the trainer leaves idle (gone between calls) is undone: the pool resumes on what it served
+        client.start_weight_update()
+        assert stack.status()["workers"][0]["paused"]
+        wait_for(lambda: not any(w["paused"] for w in stack.status()["workers"]), 60, "the idle round undone")
+        assert httpx.post(f"{routes}/update_weights", json={"update_info": {}}, timeout=30).status_code == 409
+        still = complete(stack, prompt_ids)
+        assert (still["policy_version"], still["choices"][0]["token_ids"]) == (
+            before["policy_version"], before["choices"][0]["token_ids"])
+
+        version = before["policy_version"] + 1
+        pushed = pool.submit(httpx.post, f"{stack.url}/v1/rl/update_weights", timeout=300, json={
+            "version": version, "target": {"kind": "base"},
+            "transport": {"gloo": {"update_info": {"names": update.names, "dtype_names": update.dtype_names,
+                                                   "shapes": update.shapes}}}})
+        gloo_weights.send(group, iter(tensors.items()), update, gloo_weights.DEFAULT_BUCKET_BYTES)
+        answer = pushed.result()
+    client.shutdown_weight_transfer_engine()
+    assert answer.status_code == 200 and answer.json()["status"] == "serving", answer.text
+    after = complete(stack, prompt_ids)
+    assert after["policy_version"] == version
+    assert after["choices"][0]["token_ids"] == before["choices"][0]["token_ids"]  # the same weights, pushed
