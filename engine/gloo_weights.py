@@ -26,6 +26,7 @@ import torch
 
 BACKEND = "gloo"
 DEFAULT_BUCKET_BYTES = 64 * 2**20
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
 @dataclass
@@ -53,8 +54,8 @@ class GlooUpdateInfo:
             raise ValueError(f"names, dtype_names and shapes must have one entry per tensor: got "
                              f"{len(self.names)}, {len(self.dtype_names)} and {len(self.shapes)}")
         for dtype_name in self.dtype_names:
-            if not isinstance(getattr(torch, dtype_name, None), torch.dtype):
-                raise ValueError(f"{dtype_name!r} is not a torch dtype")
+            if dtype_name not in DTYPE_NAMES:
+                raise ValueError(f"{dtype_name!r} is not one of the dtypes sent: {', '.join(DTYPE_NAMES)}")
 
     @classmethod
     def of(cls, tensors: Iterable[tuple[str, torch.Tensor]]) -> GlooUpdateInfo:

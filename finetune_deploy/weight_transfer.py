@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +47,22 @@ log = logging.getLogger(__name__)
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")  # the base model's files not copied beside pushed weights
 
 
-class TransferRefused(RuntimeError):
-    """A call out of order (no trainer connected, no round started, ...), or (`bad_field`) init or update info
-    that does not fit."""
+def _answers(address: str, port: int, timeout_s: float = 5.0) -> bool:
+    try:
+        socket.create_connection((address, port), timeout=timeout_s).close()
+        return True
+    except OSError:
+        return False
 
-    def __init__(self, message: str, bad_field: bool = False):
+
+class TransferRefused(RuntimeError):
+    """A call the pool's state refuses (`code`: out of order, a group that does not fit the pool, a rendezvous
+    nobody answers at; `field`: the field of the call it is about), or (`bad_field`) info that does not fit."""
+
+    def __init__(self, message: str, code: str = "weight_transfer_out_of_order", field: str | None = None,
+                 bad_field: bool = False):
         super().__init__(message)
-        self.bad_field = bad_field
+        self.code, self.field, self.bad_field = code, field, bad_field
 
 
 @dataclass
@@ -93,7 +103,11 @@ class WeightTransfer:
         if info.world_size != 1 + receivers:
             raise TransferRefused(f"init_info.world_size is {info.world_size}; pool {self.deployer.pool!r} receives "
                                   f"on {receivers} ranks ({len(workers)} workers and the recorder), so the "
-                                  f"trainer's group has {1 + receivers}", bad_field=True)
+                                  f"trainer's group has {1 + receivers}", "world_size_mismatch", "init_info.world_size")
+        if not await asyncio.to_thread(_answers, info.master_address, info.master_port):
+            raise TransferRefused(f"nothing answers at {info.master_address}:{info.master_port}, the trainer's "
+                                  "rendezvous: the trainer (rank 0) hosts it before asking", "rendezvous_unreachable",
+                                  "init_info.master_address")
         self._connection = None
         joins = [WorkerControl(w).join_weight_transfer({**init_info, "rank_offset": 1 + i})
                  for i, w in enumerate(workers)]

@@ -15,7 +15,7 @@ Each model's JSON schema (the OpenAPI document's) says what its validators requi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from engine.gloo_weights import DEFAULT_BUCKET_BYTES, DTYPE_NAMES
 from engine.weight_stamps import RunningKv
 from finetune_deploy.checkpoint_files import CheckpointError
 from finetune_deploy.checkpoints import detect_kind
@@ -119,18 +120,43 @@ class FilesystemTransport(DocumentedModel):
     path: AbsolutePath
 
 
+class GlooUpdate(DocumentedModel):
+    """One round's tensors, in sending order (engine/gloo_weights.py GlooUpdateInfo): one entry per tensor in each
+    list, the same number in all three (checked once a round runs)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    names: list[str]
+    dtype_names: list[Literal[DTYPE_NAMES]]
+    shapes: list[list[NonNegativeInt]]
+
+
+class GlooInit(DocumentedModel):
+    """How the workers join a trainer's gloo group (engine/gloo_weights.py GlooInitInfo); world_size is the
+    trainer and every receiving rank (GET /v1/rl/weight_transfer/get_world_size, plus one)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    master_address: str = Field(min_length=1, max_length=255)
+    master_port: int = Field(ge=1, le=65535)
+    world_size: int = Field(ge=2, le=2**16)
+    bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, ge=1, le=2**40)
+    timeout_s: float = Field(120.0, gt=0, le=3600)
+
+
 class GlooTransport(DocumentedModel):
     """Weights broadcast by the trainer connected through /v1/rl/weight_transfer (rollout_server/routes/
     weight_transfer.py) while this request runs: start, one update of these tensors, finish as `version`."""
 
     model_config = ConfigDict(extra="ignore")
 
-    update_info: dict[str, Any]  # names, dtype_names, shapes, in sending order
+    update_info: GlooUpdate
 
 
 class Transport(DocumentedModel):
     model_config = ConfigDict(extra="ignore", json_schema_extra={  # _one_known
         "additionalProperties": False, "minProperties": 1, "maxProperties": 1})
+    schema_rules = ({"properties": {"filesystem": {"type": "object"}, "gloo": {"type": "object"}}},)  # _one_known
 
     filesystem: FilesystemTransport | None = None
     gloo: GlooTransport | None = None
@@ -144,8 +170,8 @@ class Transport(DocumentedModel):
         if unknown:
             raise ValueError(f"transport {unknown[0]!r} is not supported here; 'filesystem' or 'gloo' (the CPU "
                              "path of a trainer's broadcast)")
-        if len(keys) != 1:
-            raise ValueError("name one transport: 'filesystem' or 'gloo'")
+        if len(keys) != 1 or data[keys[0]] is None:
+            raise ValueError("name one transport: 'filesystem' or 'gloo', an object")
         return data
 
 
@@ -154,7 +180,10 @@ class RLUpdateWeightsRequest(DocumentedModel):
     schema_rules = ({"anyOf": [  # _transport_unless_unload
         {"properties": {"transport": {"type": "object"}}, "required": ["transport"]},
         {"properties": {"target": {"properties": {"op": {"const": "unload"}}, "required": ["op"]}}},
-    ]},)
+    ]}, {"anyOf": [  # _transport_unless_unload: a broadcast carries full weights
+        {"properties": {"transport": {"not": {"required": ["gloo"]}}}},
+        {"properties": {"target": {"properties": {"kind": {"const": "base"}}}}},
+    ]})
 
     version: NonNegativeInt  # our policy versions are integers; "12" is accepted as 12
     target: WeightTarget

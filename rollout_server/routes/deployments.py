@@ -135,7 +135,7 @@ def deploy_router(deployer: Deployer, principal: Callable[[Request], Awaitable[P
             if transfer is None:
                 raise APIError(409, "This server takes no pushed weights.", param="transport.gloo",
                                code="weight_transfer_unavailable")
-            return _progress_response(await pushed_round(transfer, req.pushed.update_info, req.version,
+            return _progress_response(await pushed_round(transfer, req.pushed.update_info.model_dump(), req.version,
                                                          req.in_flight, req.running_kv))
         update = req.weight_update()
         if update.op == "unload":

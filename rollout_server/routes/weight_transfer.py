@@ -1,21 +1,22 @@
 """HTTP routes of a trainer's pushed weights (admin keys only): vLLM's weight-transfer routes, for the whole pool.
 
 The same paths and bodies as vLLM's RL server (`vllm/entrypoints/rl/online/api_router.py`), under
-/v1/rl/weight_transfer, so vLLM's own trainer-side client (`HTTPVLLMWeightSyncClient`) drives them unchanged:
+/v1/rl/weight_transfer, so trainers written for vLLM's flow drive them the same way:
 - GET  get_world_size                   {"world_size"}: the receiving ranks (every worker, and the recorder)
 - POST init_weight_transfer_engine      {"init_info": {...}}: the trainer's group; once per trainer
 - POST start_weight_update              {"in_flight"?, "running_kv"?}: workers paused (default keep)
 - POST update_weights                   {"update_info": {...}}: while the trainer broadcasts; one or more
 - POST finish_weight_update             {"weight_version"}: an integer above every version the pool had
 - POST shutdown_weight_transfer_engine
-What a round does: finetune_deploy/weight_transfer.py. A call out of order is a 409; init or update info that
-does not fit is a 400 naming the field; a worker's failure is a 502 (the pool then serves what it served).
+What a round does: finetune_deploy/weight_transfer.py. A call the pool's state refuses (out of order, a group that
+does not fit the pool) is a 409; init or update info that does not fit is a 400 naming the field; a worker's
+failure is a 502 (the pool then serves what it served). Unlike vLLM's, the routes need an admin key:
+vLLM's client sends none, so it drives a server in open local mode; PoolWeightSync sends one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import ConfigDict
@@ -29,7 +30,7 @@ from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request, error_responses
 from rollout_server.openapi import DocumentedModel, json_body
 from rollout_server.routes.admin import admin_only, json_body_of, worker_call
-from rollout_server.routes.deployment_bodies import parse_request
+from rollout_server.routes.deployment_bodies import GlooInit, GlooUpdate, parse_request
 
 PREFIX = "/v1/rl/weight_transfer"
 _CALLS = (401, 403, 400, 409, 413, 502)
@@ -38,7 +39,7 @@ _CALLS = (401, 403, 400, 409, 413, 502)
 class InitRequest(DocumentedModel):
     model_config = ConfigDict(extra="ignore")
 
-    init_info: dict[str, Any]  # gloo: master_address, master_port, world_size[, bucket_bytes, timeout_s]
+    init_info: GlooInit
 
 
 class StartRequest(DocumentedModel):
@@ -51,7 +52,7 @@ class StartRequest(DocumentedModel):
 class UpdateRequest(DocumentedModel):
     model_config = ConfigDict(extra="ignore")
 
-    update_info: dict[str, Any]  # gloo: names, dtype_names, shapes, in sending order
+    update_info: GlooUpdate
 
 
 class FinishRequest(DocumentedModel):
@@ -71,7 +72,7 @@ def weight_transfer_router(transfer: WeightTransfer, principal: Callable[[Reques
                  openapi_extra=json_body(InitRequest))
     async def init_weight_transfer_engine(request: Request):
         req = parse_request(InitRequest, await json_body_of(request))
-        await _refusable(transfer.connect(req.init_info), param="init_info")
+        await _refusable(transfer.connect(req.init_info.model_dump()), param="init_info")
         return {"message": "Weight transfer initialized"}
 
     @router.post("/start_weight_update", responses=error_responses(*_CALLS), openapi_extra=json_body(StartRequest))
@@ -83,7 +84,7 @@ def weight_transfer_router(transfer: WeightTransfer, principal: Callable[[Reques
     @router.post("/update_weights", responses=error_responses(*_CALLS), openapi_extra=json_body(UpdateRequest))
     async def update_weights(request: Request):
         req = parse_request(UpdateRequest, await json_body_of(request))
-        await _refusable(transfer.update(req.update_info), param="update_info")
+        await _refusable(transfer.update(req.update_info.model_dump()), param="update_info")
         return {"message": "Weights updated"}
 
     @router.post("/finish_weight_update", responses=error_responses(*_CALLS), openapi_extra=json_body(FinishRequest))
@@ -116,10 +117,10 @@ async def _finished(work: Awaitable[DeployProgress], param: str) -> DeployProgre
 
 
 async def _refusable(work: Awaitable, param: str | None = None):
-    """A call out of order is a 409; init or update info that does not fit, a 400 naming `param`."""
+    """A call the pool's state refuses is a 409; init or update info that does not fit, a 400 naming `param`."""
     try:
         return await worker_call(work)
     except TransferRefused as exc:
         if exc.bad_field and param:
             raise bad_request(str(exc), param=param, code="invalid_value") from None
-        raise APIError(409, str(exc), code="weight_transfer_out_of_order") from None
+        raise APIError(409, str(exc), param=exc.field, code=exc.code) from None

@@ -571,20 +571,25 @@ def test_weight_transfer_calls_out_of_order_or_unfit_are_refused_and_one_call_pu
     from finetune_deploy.trainer_client import PoolWeightSync
 
     routes = f"{stack.url}/v1/rl/weight_transfer"
+    nothing = {"names": [], "dtype_names": [], "shapes": []}  # a round of no tensors
     assert httpx.get(f"{routes}/get_world_size", timeout=30).json()["world_size"] == 3  # 2 workers, the recorder
     refusals = [
         (f"{routes}/start_weight_update", {}, 409, None),  # no trainer connected
-        (f"{routes}/update_weights", {"update_info": {"names": [], "dtype_names": [], "shapes": []}}, 409, None),
+        (f"{routes}/update_weights", {"update_info": nothing}, 409, None),
         (f"{routes}/init_weight_transfer_engine", {"init_info": {"master_address": "127.0.0.1", "master_port": 1,
-                                                                 "world_size": 3}}, 400, "init_info"),
-        (f"{routes}/init_weight_transfer_engine", {"init_info": {"world_size": 4}}, 400, "init_info"),
+                                                                 "world_size": 3}}, 409, "init_info.world_size"),
+        (f"{routes}/init_weight_transfer_engine", {"init_info": {"master_address": "127.0.0.1", "master_port": 1,
+                                                                 "world_size": 4}}, 409, "init_info.master_address"),
+        (f"{routes}/init_weight_transfer_engine", {"init_info": {"world_size": 4}}, 400, "init_info.master_address"),
         (f"{routes}/finish_weight_update", {"weight_version": "seven"}, 400, "weight_version"),
         (f"{stack.url}/v1/rl/update_weights", {"version": 99, "target": {"kind": "base"},
                                                "transport": {"nccl": {}}}, 400, "transport"),
         (f"{stack.url}/v1/rl/update_weights", {"version": 99, "target": {"kind": "lora", "name": "a"},
-                                               "transport": {"gloo": {"update_info": {}}}}, 400, "transport"),
+                                               "transport": {"gloo": {"update_info": nothing}}}, 400, "transport"),
         (f"{stack.url}/v1/rl/update_weights", {"version": 99, "target": {"kind": "base"},
-                                               "transport": {"gloo": {"update_info": {}}}}, 409, None),
+                                               "transport": {"gloo": {"update_info": nothing}}}, 409, None),
+        (f"{stack.url}/v1/rl/update_weights", {"version": 99, "target": {"kind": "base"},
+                                               "transport": {"filesystem": None}}, 400, "transport"),
     ]
     for url, body, status, param in refusals:
         response = httpx.post(url, json=body, timeout=60)
@@ -607,7 +612,7 @@ def test_weight_transfer_calls_out_of_order_or_unfit_are_refused_and_one_call_pu
         client.start_weight_update()
         assert stack.status()["workers"][0]["paused"]
         wait_for(lambda: not any(w["paused"] for w in stack.status()["workers"]), 60, "the idle round undone")
-        assert httpx.post(f"{routes}/update_weights", json={"update_info": {}}, timeout=30).status_code == 409
+        assert httpx.post(f"{routes}/update_weights", json={"update_info": nothing}, timeout=30).status_code == 409
         still = complete(stack, prompt_ids)
         assert (still["policy_version"], still["choices"][0]["token_ids"]) == (
             before["policy_version"], before["choices"][0]["token_ids"])

@@ -19,7 +19,7 @@ def test_a_bucket_closes_with_the_tensor_that_takes_it_past_the_limit():
 def test_update_info_refuses_lists_of_different_lengths_and_unknown_dtypes():
     with pytest.raises(ValueError, match="one entry per tensor"):
         GlooUpdateInfo(["a", "b"], ["float32"], [[1], [2]])
-    with pytest.raises(ValueError, match="not a torch dtype"):
+    with pytest.raises(ValueError, match="not one of the dtypes sent"):
         GlooUpdateInfo(["a"], ["float33"], [[1]])
 
 
