@@ -1,11 +1,15 @@
-"""The trainer's side of pushed weights: a few lines connect a trainer's model to a rollout-serve pool and send
-its weights, with a version, every step (the server's side: finetune_deploy/weight_transfer.py).
+"""The trainer's side of rollout-serve: the few lines a trainer needs (examples/async_rl.py uses each).
 
-    from finetune_deploy.trainer_client import WeightPusher
+    from finetune_deploy.trainer_client import WeightPusher, attach_rewards, export_rl_dataset
 
-    pusher = WeightPusher.connect("http://127.0.0.1:8000", api_key=ADMIN_KEY, model=policy)  # once
-    ...
-    pusher.push(version=step)   # every step: rollouts in flight go on under the new weights (in_flight keep)
+    pusher = WeightPusher.connect("http://127.0.0.1:8000", policy, api_key=ADMIN_KEY)  # once
+    ...                                          # every step:
+    attach_rewards(url, [{"request_id": rid, "reward": r}, ...], api_key=KEY)   # to the served traces
+    pusher.push(version=step)   # rollouts in flight go on under the new weights (in_flight keep)
+    ...                                          # at the end (where the server's state directory is):
+    dataset = export_rl_dataset(state_dir / "traces", out_dir)   # a Hugging Face dataset, one row per rollout
+
+Pushed weights (the server's side: finetune_deploy/weight_transfer.py):
 
 It is vLLM's trainer-side weight-transfer flow: `GlooTrainerWeightTransferEngine` is a vLLM
 `TrainerWeightTransferEngine` for backend "gloo" (the CPU path; vLLM's own engines need CUDA), and `PoolWeightSync`
@@ -18,6 +22,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -133,6 +138,27 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
     def shutdown(self) -> None:
         self.client.shutdown_weight_transfer_engine()
         self.group = None
+
+
+def attach_rewards(base_url: str, rewards: list[dict], api_key: str | None = None) -> None:
+    """POST /v1/traces/rewards: each item names a served request (`request_id`, its response's id) or a session, and
+    carries `reward` and/or `advantage` and `metrics` (docs/traces.md)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    _checked(httpx.post(f"{base_url.rstrip('/')}/v1/traces/rewards", json={"rewards": rewards}, headers=headers,
+                        timeout=60))
+
+
+def export_rl_dataset(store_dir: Path, out_dir: Path, team: str = "local", settle_s: float = 2.0):
+    """The served traces as the `rl` dataset (token ids, logprobs, each token's policy version, rewards), loaded
+    with `datasets`. Reads the server's trace store (`<state_dir>/traces`) after `settle_s`: records are sealed
+    about every second."""
+    import datasets
+
+    from trace_pipeline.export import export
+
+    time.sleep(settle_s)
+    export(store_dir, out_dir, "rl", team, progress=False)
+    return datasets.load_dataset("parquet", data_dir=str(out_dir), split="train")
 
 
 def register() -> None:
