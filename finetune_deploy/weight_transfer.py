@@ -132,7 +132,8 @@ class WeightTransfer:
         self._round, self._calls = [], 0
         self._watchdog = asyncio.create_task(self._undo_when_left_idle(connection.timeout_s))
         self._progress = DeployProgress(self.deployer.pool, -1, "full", "pushed", "push", "all_at_once", in_flight,
-                                        steps_total=len(connection.workers))
+                                        steps_total=len(connection.workers))  # its version: known at finish
+        self.deployer.history.append(self._progress)
         try:
             for worker in connection.workers:
                 await self.deployer.pause_worker(worker)
@@ -161,7 +162,6 @@ class WeightTransfer:
         self._watchdog.cancel()
         progress = self._progress
         progress.version = version
-        self.deployer.history.append(progress)
         highest = await asyncio.to_thread(self.deployer.registry.highest_version, self.deployer.pool)
         if version <= highest:
             error = RegistryError(f"version {version} is not above version {highest}, the highest pool "
