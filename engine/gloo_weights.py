@@ -26,6 +26,7 @@ import torch
 
 BACKEND = "gloo"
 DEFAULT_BUCKET_BYTES = 64 * 2**20
+DEFAULT_TIMEOUT_S = 120.0  # a collective that waits longer fails (a trainer gone mid-round)
 DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "int8", "uint8", "bool")
 
 
@@ -38,7 +39,7 @@ class GlooInitInfo:
     rank_offset: int
     world_size: int
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    timeout_s: float = 120.0  # a collective that waits longer fails (a trainer gone mid-round)
+    timeout_s: float = DEFAULT_TIMEOUT_S
 
 
 @dataclass
@@ -58,12 +59,13 @@ class GlooUpdateInfo:
                 raise ValueError(f"{dtype_name!r} is not one of the dtypes sent: {', '.join(DTYPE_NAMES)}")
 
     @classmethod
-    def of(cls, tensors: Iterable[tuple[str, torch.Tensor]]) -> GlooUpdateInfo:
+    def of(cls, listing: Iterable[tuple[str, torch.dtype, Iterable[int]]]) -> GlooUpdateInfo:
+        """The round of these (name, dtype, shape), in this order."""
         names, dtypes, shapes = [], [], []
-        for name, tensor in tensors:
+        for name, dtype, shape in listing:
             names.append(name)
-            dtypes.append(str(tensor.dtype).removeprefix("torch."))
-            shapes.append(list(tensor.shape))
+            dtypes.append(str(dtype).removeprefix("torch."))
+            shapes.append(list(shape))
         return cls(names, dtypes, shapes)
 
     def sizes(self) -> list[int]:

@@ -177,16 +177,16 @@ def token_versions(runs: list[dict], tokens: int) -> list[int]:
 
 def run_loop(url: str, mode: str, args, log=print) -> History:
     """The RL loop against a running server (its weights at version 0 when it starts)."""
-    model_dir = Path(httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["root"])
+    served = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]
+    model_dir, version = Path(served["root"]), int(served["policy_version"])
     trainer = Trainer(model_dir, args.lr, args.max_tokens)
     pusher = WeightPusher.connect(url, trainer.model, api_key=args.api_key)
-    version = int(httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["policy_version"])
     rollouts = Rollouts(url, model_dir, args.samples, args.max_tokens, 1, args.seed, f"{mode}-{args.seed}")
     history, started = History(mode), time.monotonic()
     torch.manual_seed(args.seed)
-    rollouts.ask(args.groups)
-    if mode == "async":
-        rollouts.ask(args.groups)  # one batch ahead: it generates while a step trains and pushes
+    batches_asked = 2 if mode == "async" else 1  # async: one batch ahead, generating while a step trains and pushes
+    for _ in range(batches_asked):
+        rollouts.ask(args.groups)
     try:
         for number in range(args.steps):
             asked = time.monotonic()
@@ -209,9 +209,7 @@ def run_loop(url: str, mode: str, args, log=print) -> History:
             trained = time.monotonic() - trained
             version += 1
             pushed = pusher.push(version)
-            if mode == "async" and number + 2 < args.steps:
-                rollouts.ask(args.groups)
-            elif mode == "sync" and number + 1 < args.steps:
+            if number + batches_asked < args.steps:
                 rollouts.ask(args.groups)
             history.steps.append(Step(number, time.monotonic() - started, reward, version, tokens, off_policy,
                                       max(pushed["pauses_s"], default=0.0), taken - asked, trained,

@@ -9,9 +9,7 @@
     ...                                          # at the end (where the server's state directory is):
     dataset = export_rl_dataset(state_dir / "traces", out_dir)   # a Hugging Face dataset, one row per rollout
 
-Pushed weights (the server's side: finetune_deploy/weight_transfer.py):
-
-It is vLLM's trainer-side weight-transfer flow: `GlooTrainerWeightTransferEngine` is a vLLM
+Pushed weights are vLLM's trainer-side weight-transfer flow (the server's side: finetune_deploy/weight_transfer.py): `GlooTrainerWeightTransferEngine` is a vLLM
 `TrainerWeightTransferEngine` for backend "gloo" (the CPU path; vLLM's own engines need CUDA), and `PoolWeightSync`
 is a vLLM `VLLMWeightSyncClient` over the pool's routes (rollout_server/routes/weight_transfer.py). The trainer is
 rank 0 of the group and hosts its rendezvous on `master_address` (an address the workers reach).
@@ -92,7 +90,7 @@ class GlooTrainerInitInfo(TrainerInitInfo):
     world_size: int = 0  # 0: asked from the pool (1 + its receiving ranks)
     master_port: int = 0  # 0: a free port
     bucket_bytes: int = gloo_weights.DEFAULT_BUCKET_BYTES
-    timeout_s: float = 120.0
+    timeout_s: float = gloo_weights.DEFAULT_TIMEOUT_S
 
 
 class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerInitInfo]):
@@ -125,8 +123,7 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         """One round: the pool pauses, receives the source's tensors while they are broadcast, and serves them as
         `weight_version`."""
         meta = self.source.metadata()
-        update = GlooUpdateInfo([m.name for m in meta], [str(m.dtype).removeprefix("torch.") for m in meta],
-                                [list(m.shape) for m in meta])
+        update = GlooUpdateInfo.of((m.name, m.dtype, m.shape) for m in meta)
         self.client.start_weight_update()
         with ThreadPoolExecutor(max_workers=1) as pool:
             received = pool.submit(self.client.update_weights, asdict(update))
@@ -193,4 +190,5 @@ class WeightPusher:
     def close(self) -> None:
         self.engine.shutdown()
 
-register()
+
+register()  # trainers that build engines through vLLM's factory find backend "gloo"

@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from engine.gloo_weights import DEFAULT_BUCKET_BYTES, DTYPE_NAMES
+from engine.gloo_weights import DEFAULT_BUCKET_BYTES, DEFAULT_TIMEOUT_S, DTYPE_NAMES
 from engine.weight_stamps import RunningKv
 from finetune_deploy.checkpoint_files import CheckpointError
 from finetune_deploy.checkpoints import detect_kind
@@ -141,7 +141,7 @@ class GlooInit(DocumentedModel):
     master_port: int = Field(ge=1, le=65535)
     world_size: int = Field(ge=2, le=2**16)
     bucket_bytes: int = Field(DEFAULT_BUCKET_BYTES, ge=1, le=2**40)
-    timeout_s: float = Field(120.0, gt=0, le=3600)
+    timeout_s: float = Field(DEFAULT_TIMEOUT_S, gt=0, le=3600)
 
 
 class GlooTransport(DocumentedModel):

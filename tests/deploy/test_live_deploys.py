@@ -600,7 +600,7 @@ def test_weight_transfer_calls_out_of_order_or_unfit_are_refused_and_one_call_pu
     # This process is the trainer: it pushes the weights serving now (as a vLLM model's checkpoint names them)
     served = Path(httpx.get(f"{stack.url}/v1/models", timeout=30).json()["data"][0]["root"])
     tensors = load_file(served / "model.safetensors")
-    update = GlooUpdateInfo.of(tensors.items())
+    update = GlooUpdateInfo.of((name, t.dtype, t.shape) for name, t in tensors.items())
     store = gloo_weights.host_rendezvous("127.0.0.1", 4, timeout_s=10)
     client = PoolWeightSync(stack.url)
     with ThreadPoolExecutor(max_workers=1) as pool:

@@ -25,7 +25,7 @@ def test_update_info_refuses_lists_of_different_lengths_and_unknown_dtypes():
 
 def _round(tensors: dict[str, torch.Tensor], bucket_bytes: int, sent: dict | None = None):
     """Rank 0 broadcasts `sent` (default: `tensors`) as the round `tensors` lists; returns what 2 receivers got."""
-    update = GlooUpdateInfo.of(tensors.items())
+    update = GlooUpdateInfo.of((name, t.dtype, t.shape) for name, t in tensors.items())
     store = gloo_weights.host_rendezvous("127.0.0.1", 3, timeout_s=20)
     got, errors = {1: [], 2: []}, []
 
@@ -69,6 +69,6 @@ def test_the_sender_refuses_tensors_other_than_the_round_lists():
     tensors = {"a": torch.ones(2), "b": torch.ones(3)}
     store = gloo_weights.host_rendezvous("127.0.0.1", 1, timeout_s=5)
     group = gloo_weights.join("127.0.0.1", store.port, 0, 1, timeout_s=5, store=store)
-    update = GlooUpdateInfo.of(tensors.items())
+    update = GlooUpdateInfo.of((name, t.dtype, t.shape) for name, t in tensors.items())
     with pytest.raises(ValueError, match="tensor 1 is 'c'"):
         gloo_weights.send(group, iter({"a": torch.ones(2), "c": torch.ones(3)}.items()), update, 1024)
