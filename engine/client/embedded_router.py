@@ -47,6 +47,7 @@ from engine.sessions import SessionPins
 log = logging.getLogger(__name__)
 
 WORKER_ENDPOINT = "dynamo.backend.generate"  # where dynamo.vllm registers an aggregated worker
+FIRST_DISCOVERY_S = 5.0  # how long a new router waits to learn of a first worker
 
 
 def preprocessed_request(req: EngineRequest, eos_token_ids: list[int], adapter: bool) -> dict:
@@ -130,28 +131,47 @@ class EmbeddedRouterClient:
         self.eos_token_ids = _eos_token_ids(model_dir)
         self.pins = SessionPins(session_affinity_ttl_s)
         self._runtime = None
-        self._router = None
+        self._making: asyncio.Task | None = None  # the router of `_loop`, being made or made
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _kv_router(self):
-        """The router of the running event loop (Dynamo's runtime is bound to one), made on first use."""
+    async def _kv_router(self):
+        """The router of the running event loop (Dynamo's runtime is bound to one), made once per loop.
+
+        A new runtime reads the discovery directory in the background: the router is handed out once it knows a
+        worker, or after `FIRST_DISCOVERY_S` (then it refuses as it would with no worker), so the first requests
+        after a start are not refused for a worker that was there all along."""
+        loop = asyncio.get_running_loop()
+        if self._making is None or self._loop is not loop:
+            self._loop, self._making = loop, loop.create_task(self._make_router(loop))
+        making = self._making
+        try:
+            return await asyncio.shield(making)  # a cancelled request leaves the router to the others
+        except Exception:
+            if self._making is making:
+                self._making = None  # a runtime that failed to start is tried again by the next request
+            raise
+
+    async def _make_router(self, loop: asyncio.AbstractEventLoop):
         from dynamo._core import DistributedRuntime, KvRouter, KvRouterConfig
 
-        loop = asyncio.get_running_loop()
-        if self._router is None or self._loop is not loop:
-            with _environment(self.env):
-                self._runtime = DistributedRuntime(loop, self.discovery_backend, "tcp", event_plane="zmq")
-            config = (KvRouterConfig() if self.host_cache_hit_weight is None
-                      else KvRouterConfig(host_cache_hit_weight=self.host_cache_hit_weight))
-            self._router = KvRouter(self._runtime.endpoint(WORKER_ENDPOINT), self.block_size, config)
-            self._loop = loop
+        with _environment(self.env):
+            self._runtime = DistributedRuntime(loop, self.discovery_backend, "tcp", event_plane="zmq")
+        config = (KvRouterConfig() if self.host_cache_hit_weight is None
+                  else KvRouterConfig(host_cache_hit_weight=self.host_cache_hit_weight))
+        endpoint = self._runtime.endpoint(WORKER_ENDPOINT)
+        router = KvRouter(endpoint, self.block_size, config)
+        try:
+            await asyncio.wait_for((await endpoint.client()).wait_for_instances(), FIRST_DISCOVERY_S)
             log.info("KV router in the front door: workers found through %s", self.via)
-        return self._router
+        except TimeoutError:
+            log.warning("KV router in the front door: no worker found through %s within %g s", self.via,
+                        FIRST_DISCOVERY_S)
+        return router
 
     async def close(self) -> None:
         if self._runtime is not None and self._loop is asyncio.get_running_loop():
             self._runtime.shutdown()
-        self._runtime = self._router = self._loop = None
+        self._runtime = self._making = self._loop = None
 
     async def stream_once(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         try:
@@ -170,7 +190,7 @@ class EmbeddedRouterClient:
         if worker_id is not None:
             request["routing"]["backend_instance_id"] = worker_id
         try:
-            return await self._kv_router().generate_from_request(request)
+            return await (await self._kv_router()).generate_from_request(request)
         except Exception as exc:
             error = _engine_error(exc, req)
             raise (RefusedBeforeOutput(error) if isinstance(error, EngineUnavailable) else error) from exc
