@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, IPvAnyAddress, model_validator
 
 from engine.kv_tier.settings import KvTierSettings
 
@@ -104,6 +104,12 @@ class EngineSettings(BaseModel):
                                                     "the round-robin/random modes always go through Dynamo's "
                                                     "frontend)")
     discovery_backend: Literal["file", "etcd"] = Field("file", description="Dynamo discovery: file (one machine) or etcd")
+    internal_host: IPvAnyAddress = Field(
+        IPvAnyAddress("127.0.0.1"),
+        description="the address internal planes bind and advertise (Dynamo's request plane and response streams, "
+                    "the KV-event broker). Default loopback: on one machine nothing internal is reachable from "
+                    "the network. Multi-host: the cluster's private interface, behind a network policy; never an "
+                    "unspecified address (0.0.0.0, ::)")
     kv_events_base_port: int = Field(20080, description="ZMQ KV-event port of worker 0; worker i uses base + i")
     worker_system_base_port: int = Field(18080, description="Dynamo system (health) port of worker 0; worker i uses "
                                                             "base + i")
@@ -140,6 +146,9 @@ class EngineSettings(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> EngineSettings:
+        if self.internal_host.is_unspecified:
+            raise ValueError(f"internal_host {self.internal_host} is every interface: name one (loopback, or the "
+                             "cluster's private interface)")
         if self.disaggregation.enabled and self.disaggregation.disagg_local_max_uncached_tokens and self.router_mode != "kv":
             raise ValueError("conditional disaggregation (disagg_local_max_uncached_tokens > 0) needs router_mode kv")
         if self.pools.pools_file and self.discovery_backend != "file":

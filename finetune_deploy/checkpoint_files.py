@@ -5,6 +5,12 @@ header length, then a JSON table {tensor name: {dtype, shape, data_offsets}};
 that table is all we read. A directory still being written is refused unless
 its writer declared it finished, with a `STABLE` marker or a `manifest.json` of
 sha256 checksums (which are then all verified).
+
+Paths are an admin's input, so they are held to rules (UnsafeCheckpointPath when
+broken): a checkpoint lies under a configured root once its symlinks are resolved
+(`resolve_under_roots`), and every file name a checkpoint lists or serves (a
+manifest's, a shard index's, the content files) stays inside its directory, as
+written and once resolved (`inside_directory`).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ STABLE_MARKER = "STABLE"
 MANIFEST = "manifest.json"
 MODEL_WEIGHTS = "model.safetensors"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+INDEX_SUFFIX = ".index.json"  # a sharded checkpoint's <weights file>.index.json names its shards
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 MAX_HEADER_BYTES = 100 * 2**20  # real headers are a few MB; more means a corrupt length
@@ -30,6 +37,20 @@ class CheckpointError(Exception):
         super().__init__(message)
         self.message = message
         self.field = field
+
+
+class UnsafeCheckpointPath(CheckpointError):
+    """A path that leads where checkpoints may not be read from: outside every root, or out of its directory."""
+
+
+class CheckpointChanged(CheckpointError):
+    """A checkpoint whose files are no longer the ones validated and fingerprinted: it must not be loaded."""
+
+
+# One file's identity and last change, from stat: (device, inode, size, mtime_ns, ctime_ns). Writing a file moves
+# its mtime and ctime, replacing it moves its inode, and no user can set ctime back: equal states mean the
+# content hashed with them is unchanged, for the price of a stat instead of reading the file again.
+FileState = tuple[int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -83,7 +104,7 @@ def read_safetensors_header(path: Path, relative_name: str) -> dict[str, TensorI
 
 def read_weights(directory: Path, single_file: str = MODEL_WEIGHTS) -> Weights:
     """The tensors of a checkpoint: one `single_file`, or the shards its `<single_file>.index.json` names."""
-    index_name = single_file + ".index.json"
+    index_name = single_file + INDEX_SUFFIX
     if (directory / index_name).exists():
         return _read_sharded(directory, index_name)
     if (directory / single_file).is_file():
@@ -95,6 +116,7 @@ def _read_sharded(directory: Path, index_name: str) -> Weights:
     weight_map = load_json(directory / index_name, "files").get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index_name} has no weight_map", "files")
+    weight_map = {name: inside_directory(directory, shard, index_name, "files") for name, shard in weight_map.items()}
     shards = sorted(set(weight_map.values()))
     missing = [shard for shard in shards if not (directory / shard).is_file()]
     if missing:
@@ -141,13 +163,56 @@ def _manifest_entries(directory: Path) -> dict[str, str]:
         raise CheckpointError(f'{MANIFEST} must hold {{"files": {{"<relative path>": "<sha256 hex>"}}}}', "manifest")
     entries = {}
     for name, digest in files.items():
-        relative = PurePosixPath(name)
-        if relative.is_absolute() or ".." in relative.parts:
-            raise CheckpointError(f"{MANIFEST} lists {name!r}, which is outside the checkpoint directory", "manifest")
+        relative = inside_directory(directory, name, MANIFEST, "manifest")
         if not isinstance(digest, str) or len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest.lower()):
             raise CheckpointError(f"{MANIFEST} gives {name} a checksum that is not a sha256 hex digest", "manifest")
-        entries[str(relative)] = digest.lower()
+        entries[relative] = digest.lower()
     return entries
+
+
+def inside_directory(directory: Path, name: object, listed_by: str, field: str) -> str:
+    """`name`, a file a checkpoint lists (in `listed_by`), normalised, if it stays inside `directory`: relative,
+    no `..`, and no symlink on the way that leads out. Else UnsafeCheckpointPath naming it: a checkpoint must not
+    make the server read, hash or load a file of somewhere else."""
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{listed_by} lists {name!r}, which is not a file name", field)
+    relative = PurePosixPath(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise UnsafeCheckpointPath(f"{name!r} (in {listed_by}) is outside the checkpoint directory", field)
+    if not _resolved(directory / relative).is_relative_to(_resolved(directory)):
+        raise UnsafeCheckpointPath(f"{name!r} (in {listed_by}) is a symlink that leads outside the checkpoint "
+                                   "directory", field)
+    return str(relative)
+
+
+def resolve_under_roots(path: Path, roots: list[Path], field: str = "path") -> Path:
+    """`path` with its symlinks resolved, if that lies under one of `roots` (resolved too); else
+    UnsafeCheckpointPath listing the roots. The caller goes on with the resolved path, so a symlink changed after
+    this check cannot send it elsewhere."""
+    resolved, allowed = _resolved(path, field), [_resolved(root) for root in roots]
+    if not any(resolved.is_relative_to(root) for root in allowed):
+        where = ", ".join(str(root) for root in allowed) or "none configured"
+        raise UnsafeCheckpointPath(f"{path} is not under a directory checkpoints are deployed from ({where}); "
+                                   "add its directory to deploy.checkpoint_roots", field)
+    return resolved
+
+
+def _resolved(path: Path, field: str = "path") -> Path:
+    try:
+        return path.resolve()
+    except RuntimeError:  # a symlink loop
+        raise UnsafeCheckpointPath(f"{path} is a symlink loop", field) from None
+    except ValueError:  # a NUL byte: no file has such a name
+        raise UnsafeCheckpointPath(f"{str(path)!r} holds a NUL byte, which no path can", field) from None
+
+
+def files_state(directory: Path, names: list[str]) -> dict[str, FileState]:
+    """Each file's FileState; a missing file raises FileNotFoundError."""
+    states = {}
+    for name in sorted(names):
+        stat = (directory / name).stat()
+        states[name] = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+    return states
 
 
 def sha256_file(path: Path) -> str:

@@ -6,20 +6,33 @@ tokenizer. So a checkpoint is deployable only if it is finished writing, has the
 base's architecture, the same tensor names, shapes and dtypes (or LoRA tensors
 that fit the base's layers), and the same vocabulary. The first rule broken
 raises CheckpointError naming it. See docs/deploy.md.
+
+What was validated is what loads: `verify_unchanged` refuses, right before a
+load, a checkpoint whose files are no longer the ones fingerprinted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from finetune_deploy.checkpoint_files import (
+    ADAPTER_WEIGHTS,
+    INDEX_SUFFIX,
+    MANIFEST,
+    MODEL_WEIGHTS,
+    TOKENIZER_FILES,
+    CheckpointChanged,
     CheckpointError,
+    FileState,
     TensorInfo,
     Weights,
     content_fingerprint,
+    files_state,
+    inside_directory,
     load_json,
     read_weights,
     require_declared_complete,
@@ -28,7 +41,8 @@ from finetune_deploy.checkpoint_files import (
 )
 from finetune_deploy.lora_adapters import ADAPTER_CONFIG, check_adapter
 
-__all__ = ["CheckpointError", "ValidatedCheckpoint", "detect_kind", "validate_checkpoint", "fingerprint_base_model"]
+__all__ = ["CheckpointError", "ValidatedCheckpoint", "detect_kind", "validate_checkpoint", "fingerprint_base_model",
+           "verify_unchanged"]
 
 MODEL_CONFIG = "config.json"
 # Config keys the worker builds its model from; update_weights never re-reads them, so a change would be ignored.
@@ -45,6 +59,7 @@ class ValidatedCheckpoint:
     tensor_count: int
     lora_rank: int | None = None
     target_modules: tuple[str, ...] = ()
+    files_state: dict[str, FileState] | None = None  # its content files when they were hashed (verify_unchanged)
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,7 @@ def validate_checkpoint(path: Path | str, base_dir: Path | str, kind: str | None
     if kind is not None and kind != detected:
         raise CheckpointError(f"{path} holds a {detected} checkpoint, not a {kind} one", "as")
     require_declared_complete(path)
+    _require_own_files(path)
     base = _read_base_model(base_dir)
     if detected == "lora":
         adapter = check_adapter(path, base.tensors)
@@ -75,9 +91,52 @@ def validate_checkpoint(path: Path | str, base_dir: Path | str, kind: str | None
         weights, config_file, rank, targets = _check_full(path, base), MODEL_CONFIG, None, ()
     _check_tokenizer(path, base.tokenizer)
     content = _content_files(path, weights, config_file)
-    digests = verified_manifest_digests(path, content)
-    return ValidatedCheckpoint(path.resolve(), detected, content_fingerprint(path, content, digests),
-                               len(weights.tensors), rank, targets)
+    state = files_state(path, content)  # before hashing: a write while they are hashed moves it
+    fingerprint = content_fingerprint(path, content, verified_manifest_digests(path, content))
+    _require_state(path, content, state)
+    return ValidatedCheckpoint(path.resolve(), detected, fingerprint, len(weights.tensors), rank, targets, state)
+
+
+def _require_own_files(path: Path) -> None:
+    """The files the checks read by their well-known names are the directory's own, not symlinks out of it (shards
+    and manifest entries are held to the same rule as they are listed)."""
+    for name in (MODEL_CONFIG, ADAPTER_CONFIG, MODEL_WEIGHTS, ADAPTER_WEIGHTS, MODEL_WEIGHTS + INDEX_SUFFIX,
+                 ADAPTER_WEIGHTS + INDEX_SUFFIX, MANIFEST, *TOKENIZER_FILES):
+        if os.path.lexists(path / name):
+            inside_directory(path, name, str(path), "files")
+
+
+def verify_unchanged(path: Path | str, kind: str, fingerprint: str,
+                     known_state: dict[str, FileState] | None = None) -> dict[str, FileState]:
+    """Right before a load: refuses (CheckpointChanged) a checkpoint whose files are no longer the ones that gave
+    `fingerprint`, or whose path now resolves elsewhere. Returns its files' state, for the next call's `known_state`.
+
+    The fingerprint hashes every byte (seconds per GB of weights), so while each file's state (FileState: inode,
+    size, mtime, ctime) is the one recorded when its content was last hashed, a stat of each file is the check;
+    with no record (after a restart) or another state, the files are hashed again and must give `fingerprint`."""
+    path = Path(path)
+    weights_file, config_file = (ADAPTER_WEIGHTS, ADAPTER_CONFIG) if kind == "lora" else (MODEL_WEIGHTS, MODEL_CONFIG)
+    try:
+        if path.resolve() != path:
+            raise CheckpointChanged(f"{path} now leads to {path.resolve()}", "path")
+        content = _content_files(path, read_weights(path, weights_file), config_file)
+        state = files_state(path, content)
+        if state != known_state:
+            if content_fingerprint(path, content, {}) != fingerprint:
+                raise CheckpointChanged(f"the files of {path} are not the ones validated", "files")
+            _require_state(path, content, state)
+        return state
+    except CheckpointChanged as exc:
+        message = exc.message
+    except (CheckpointError, OSError, RuntimeError) as exc:  # a file gone, a header rewritten, a symlink loop
+        message = f"{path}: {getattr(exc, 'message', exc)}"
+    raise CheckpointChanged(f"checkpoint changed since it was validated ({message}); it is not loaded: deploy "
+                            "it again to validate what it holds now", "files")
+
+
+def _require_state(path: Path, content: list[str], state: dict[str, FileState]) -> None:
+    if files_state(path, content) != state:
+        raise CheckpointChanged(f"the files of {path} changed while they were hashed", "files")
 
 
 def fingerprint_base_model(base_dir: Path | str) -> str:

@@ -16,6 +16,11 @@ pool keeps serving the old version, and the version is marked failed.
 
 LoRA adapters load on every worker beside the weights and are served under their
 own model id; a new version of an adapter replaces the old one in place.
+
+Paths: a checkpoint registers only from under the deploy roots (DeploySettings.checkpoint_roots and the server's
+own directories), symlinks resolved first; and a version loads on a worker (deploy, rollback, restore, put back,
+a worker started later) only while its files are still the ones registered (registry.verify_unchanged, checked
+right before each worker's load): one that changed is refused and the pool keeps what it served.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Awaitable, Callable, Protocol
+from typing import Awaitable, Callable, Protocol, Sequence
 
-from engine.ids import PolicyVersion
+from engine.ids import BASE_VERSION, PolicyVersion
 from engine.supervisor.worker_control import PauseMode, WorkerControl, WorkerControlError, WorkerHandle
 from engine.weight_stamps import RunningKv
+from finetune_deploy.checkpoint_files import CheckpointChanged, resolve_under_roots
 from finetune_deploy.registry import CheckpointRegistry, RegisteredVersion
 from finetune_deploy.rollout_plan import Mode, Step, plan_rollout
 from finetune_deploy.served_models import ModelTable
@@ -89,8 +95,12 @@ class HostTierKeys(Protocol):
 
 class Deployer:
     def __init__(self, registry: CheckpointRegistry, models: ModelTable, list_workers: WorkerLister,
-                 settings: DeploySettings, host_tier: HostTierKeys | None = None, lora_enabled: bool = False):
+                 settings: DeploySettings, host_tier: HostTierKeys | None = None, lora_enabled: bool = False,
+                 own_dirs: Sequence[Path] = ()):
         self.registry = registry
+        # Where checkpoints may be registered from: the operator's roots and the server's own directories
+        # (`own_dirs`: its cache dir, models; its state dir, pushed weights). Empty by default: closed, not open.
+        self.checkpoint_roots = [*own_dirs, *settings.checkpoint_roots]
         self.lora_enabled = lora_enabled  # the workers started with --enable-lora
         self.models = models
         self.list_workers = list_workers
@@ -182,14 +192,37 @@ class Deployer:
     async def restore(self) -> None:
         """After a restart the workers run the base weights: put back what the registry says serves."""
         current = await asyncio.to_thread(self.registry.current, self.pool)
-        if current is not None and current.version != self.models.base.policy_version:
+        if (current is not None and current.version != self.models.base.policy_version
+                and await self._unchanged_for_restore(current)):
             log.info("pool %s: restoring version %d (%s)", self.pool, current.version, current.path)
             await self._apply_everywhere(current)
         for adapter in await self._serving_adapters():
+            if not await self._unchanged_for_restore(adapter):
+                continue
             log.info("pool %s: reloading adapter %s version %d", self.pool, adapter.name, adapter.version)
             workers = await self.list_workers()
             progress = await self._start(adapter, "restore", "every_worker", len(workers))
             await self._load_adapter(adapter, workers, progress)
+
+    async def _unchanged_for_restore(self, version: RegisteredVersion) -> bool:
+        """A version whose files changed while the server was down is not restored: the workers keep the base
+        weights (and the model table says so), and the error says why."""
+        try:
+            await asyncio.to_thread(self.registry.verify_unchanged, version)
+        except CheckpointChanged as exc:
+            log.error("pool %s: version %d (%s) is not restored: %s", self.pool, version.version, version.name,
+                      exc.message)
+            return False
+        return True
+
+    def weights_for_new_workers(self) -> tuple[Path, PolicyVersion]:
+        """The checkpoint a worker started or restarted now loads (engine/supervisor/pools.py): the full weights
+        the pool serves, checked unchanged first (CheckpointChanged: the worker is not started; the supervisor
+        logs why and tries again at its next check). The base model is what every worker starts on, unchecked."""
+        served = self.models.base
+        if served.policy_version != BASE_VERSION:
+            self.registry.verify_unchanged(self.registry.get(self.pool, served.policy_version))
+        return Path(served.path), served.policy_version
 
     async def load_serving_adapters(self, workers: list[WorkerHandle]) -> None:
         """Gives workers started after the deploys (restarted or scaled up: they start on the served weights,
@@ -212,12 +245,12 @@ class Deployer:
     def _register(self, update: WeightUpdate) -> RegisteredVersion:
         """Validates and numbers a checkpoint (CheckpointError / RegistryError / LoraDisabled when refused);
         touches no worker. Only under the deploy lock (`register_and_deploy`): a second deploy must not register."""
+        path = resolve_under_roots(update.path, self.checkpoint_roots)
         if update.kind == "lora" and not self.lora_enabled:
             raise LoraDisabled(f"the workers of pool {self.pool!r} run without LoRA support, so they cannot load "
                                "an adapter: start them with `rollout-serve up --enable-lora` (or "
                                "ROLLOUT_SERVE_ENABLE_LORA=true), or deploy the adapter merged into full weights")
-        return self.registry.register(self.pool, update.path, name=update.name, kind=update.kind,
-                                      version=update.version)
+        return self.registry.register(self.pool, path, name=update.name, kind=update.kind, version=update.version)
 
     @contextlib.asynccontextmanager
     async def _claim(self):
@@ -284,7 +317,7 @@ class Deployer:
             for step in steps:
                 await self._run_step(step, by_name[step.worker], version, paused, switched, progress)
                 progress.steps_done += 1
-        except WorkerControlError as exc:
+        except (WorkerControlError, CheckpointChanged) as exc:
             await self.put_back(old, [by_name[n] for n in switched], [by_name[n] for n in paused])
             raise DeployError(f"{exc}; the pool still serves version {old.version}") from exc
         self.models.base_switched(version.version, version.path)
@@ -298,6 +331,7 @@ class Deployer:
             await self.pause_worker(worker)
             paused.add(worker.name)
         elif step.action == "update_weights":
+            await asyncio.to_thread(self.registry.verify_unchanged, version)  # per worker: a rolling deploy is long
             switched.add(worker.name)  # before the call: a half-done reload must be undone too
             await control.load_weights(Path(version.path), version.version, self._running_kv)
             if worker.instance_id is not None:
@@ -316,11 +350,12 @@ class Deployer:
                 if worker not in paused:
                     await self.pause_worker(worker)
                     paused.append(worker)
+                await asyncio.to_thread(self.registry.verify_unchanged, old)
                 await control.load_weights(Path(old.path), old.version)
                 await self.reset_tiers(worker, self.tiers(), old.version)
                 if worker.instance_id is not None:
                     self.models.worker_switched(worker.instance_id, old.version)
-            except WorkerControlError:
+            except (WorkerControlError, CheckpointChanged):
                 log.exception("%s: could not go back to version %d", worker.name, old.version)
         for worker in paused:
             try:
@@ -361,7 +396,7 @@ class Deployer:
         for worker in workers:
             try:
                 await self._load_lora(worker, version)
-            except WorkerControlError as exc:
+            except (WorkerControlError, CheckpointChanged) as exc:
                 if new_name:  # a half-loaded new adapter would be served by some workers only
                     await _unload_quietly(version.name, loaded)
                 raise DeployError(str(exc)) from exc
@@ -373,6 +408,7 @@ class Deployer:
         """Loads an adapter version on one worker, its host-tier KV keyed by that version first: loading it
         waits for the requests of the version it replaces, and holds new ones back until it is loaded."""
         serving = self.models.adapters.get(adapter.name)
+        await asyncio.to_thread(self.registry.verify_unchanged, adapter)
         if self.host_tier is not None:
             await self.host_tier.adapter(worker, adapter.name, adapter.version)
         try:

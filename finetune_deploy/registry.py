@@ -28,7 +28,8 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
 from engine.ids import BASE_VERSION, PolicyVersion
-from finetune_deploy.checkpoints import fingerprint_base_model, validate_checkpoint
+from finetune_deploy.checkpoint_files import FileState
+from finetune_deploy.checkpoints import fingerprint_base_model, validate_checkpoint, verify_unchanged
 
 STATUSES = ("registered", "deploying", "serving", "retired", "failed")
 # "serving" has no way out here: only another version's finished deploy retires it.
@@ -103,6 +104,8 @@ class CheckpointRegistry:
     def __init__(self, engine: Engine):
         self.engine = engine
         _metadata.create_all(engine)
+        # (path, fingerprint) -> its files' state when this process last hashed them (checkpoints.verify_unchanged)
+        self._file_states: dict[tuple[str, str], dict[str, FileState]] = {}
 
     def register_base(self, pool: str, path: Path | str, name: str) -> RegisteredVersion:
         """Records the pool's base model as version 0, serving; a second call with the same path is a no-op."""
@@ -138,6 +141,7 @@ class CheckpointRegistry:
         parent = self.get(pool, parent_version) if parent_version is not None else self._require_current(pool)
         row = dict(pool=pool, name=name or checkpoint.path.name, kind=checkpoint.kind, path=str(checkpoint.path),
                    fingerprint=checkpoint.fingerprint, parent_version=parent.version, status="registered")
+        self._file_states[(row["path"], row["fingerprint"])] = checkpoint.files_state
         for _ in range(self.INSERT_RETRIES):
             try:
                 return self._insert_version(row, version, message)
@@ -158,6 +162,13 @@ class CheckpointRegistry:
             conn.execute(policy_versions.insert().values(version=version, created_at=now, updated_at=now, **row))
             _add_event(conn, row["pool"], version, "registered", message)
         return self.get(row["pool"], version)
+
+    def verify_unchanged(self, version: RegisteredVersion) -> None:
+        """Right before a version loads anywhere: CheckpointChanged if its files are not the ones registered.
+        A stat of each file while they are as this process last hashed them; a full hash after a restart."""
+        key = (version.path, version.fingerprint)
+        self._file_states[key] = verify_unchanged(version.path, version.kind, version.fingerprint,
+                                                  self._file_states.get(key))
 
     def highest_version(self, pool: str) -> PolicyVersion:
         """The highest version the pool ever had: a version registered next must be above it."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+from pathlib import Path
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import NoDecode
 
 from engine.ids import DEFAULT_POOL
 from engine.weight_stamps import RunningKv
@@ -25,3 +28,17 @@ class DeploySettings(BaseModel):
                             "prefill per running request)")
     mode: Mode = Field("rolling", description="full-weight deploys: rolling (one worker at a time; needs 2+ "
                                               "workers, else all_at_once) or all_at_once")
+    checkpoint_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list,
+        description="directories (symlinks resolved) that checkpoints and LoRA adapters may be deployed from, "
+                    "besides the cache dir (models) and the state dir (pushed weights), which always are; on the "
+                    "command line and in the environment separated by ':' as in PATH. Empty by default: an admin "
+                    "key must not be able to load any file the server can read")
+
+    @field_validator("checkpoint_roots", mode="before")
+    @classmethod
+    def _split_path_list(cls, value):
+        """A flag or environment variable gives one string, `/a:/b`, as PATH does (NoDecode: not read as JSON)."""
+        if isinstance(value, str):
+            return [part for part in value.split(os.pathsep) if part]
+        return value

@@ -29,18 +29,19 @@ from finetune_deploy.executor import Deployer
 from finetune_deploy.weight_transfer import WeightTransfer
 from rollout_server.auth import Authenticator, Principal
 from rollout_server.batch_runner import BatchRunner
-from rollout_server.errors import APIError, error_responses, install_error_handlers, model_not_found
+from rollout_server.body_deadline import BodyDeadline
+from rollout_server.errors import error_responses, install_error_handlers, model_not_found
 from rollout_server.fast_json import msgspec_route
 from rollout_server.generation_routes import ERROR_STATUSES as GENERATION_ERROR_STATUSES
-from rollout_server.generation_routes import GENERATION_ROUTES, GenerationRoutes, validated
+from rollout_server.generation_routes import GENERATION_ROUTES, GenerationRoutes, client_host, principal_of, validated
 from rollout_server.openapi import install_openapi
 from rollout_server.pool_access import reachable_pools
 from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
 from rollout_server.routes.batches import batches_router
 from rollout_server.routes.deployments import deploy_router
-from rollout_server.routes.weight_transfer import weight_transfer_router
 from rollout_server.routes.rewards import rewards_router
 from rollout_server.routes.usage import usage_router
+from rollout_server.routes.weight_transfer import weight_transfer_router
 from rollout_server.serving.context import ServingContext
 from rollout_server.tokenization import detokenize, tokenize
 from rollout_server.tracing import TraceHook
@@ -72,21 +73,19 @@ class HealthBody(BaseModel):
 
 
 def internal_execute(ctx: ServingContext):
-    """The Batch API's way in: one request line run through the same handlers as HTTP requests."""
-    async def execute(url: str, body: dict, team: str) -> tuple[int, dict]:
+    """The Batch API's way in: one request line run through the same handlers as HTTP requests, as the key that
+    created its batch (its rate limits included); an error is raised as an APIError, for the runner to read."""
+    async def execute(url: str, body: dict, who: Principal) -> tuple[int, dict]:
         route = GENERATION_ROUTES[url]
-        try:
-            request = validated(route.body, {**body, "stream": False})
-            response = await route.handler(ctx, request, None, Principal(team, None, is_admin=False))
-        except APIError as err:
-            return err.status, err.body()
+        response = await route.handler(ctx, validated(route.body, {**body, "stream": False}), None, who)
         return response.status_code, json.loads(response.body)
     return execute
 
 
-def create_app(state: AppState) -> GenerationRoutes:
-    """The front door's ASGI app: the generation routes (rollout_server/generation_routes.py) in front of the
-    FastAPI app that serves everything else."""
+def create_app(state: AppState) -> BodyDeadline:
+    """The front door's ASGI app: each request's body due in time (rollout_server/body_deadline.py), then the
+    generation routes (rollout_server/generation_routes.py, which authenticate every request with a body before
+    reading it) in front of the FastAPI app that serves everything else."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.started_at = time.time()
@@ -113,7 +112,7 @@ def create_app(state: AppState) -> GenerationRoutes:
 
     app = FastAPI(title="rollout-serve", version="0.1.0", lifespan=lifespan)
     max_body_bytes = int(state.ctx.settings.server.max_request_body_mib * 2**20)
-    app.router.route_class = msgspec_route(max_body_bytes)
+    app.router.route_class = msgspec_route(max_body_bytes, state.ctx.settings.limits.max_json_depth)
     app.state.rollout = state
     install_error_handlers(app)
     install_openapi(app, {path: route.body for path, route in GENERATION_ROUTES.items()}, GENERATION_ERROR_STATUSES,
@@ -122,8 +121,10 @@ def create_app(state: AppState) -> GenerationRoutes:
 
     async def caller(request: Request) -> Principal:
         """The request's principal, as a dependency (an async one: FastAPI runs a plain function in a worker
-        thread, a hand-off that costs more per request than a key already read)."""
-        return await state.auth.authenticate(request.headers.get("authorization"))
+        thread, a hand-off that costs more per request than a key already read): authenticated before its body
+        was read when it may carry one (rollout_server/generation_routes.py), else now."""
+        return principal_of(request.scope) or await state.auth.authenticate(request.headers.get("authorization"),
+                                                                            client_host(request.scope))
 
     if state.traces is not None:
         async def team_of(request: Request) -> str:
@@ -207,7 +208,8 @@ def create_app(state: AppState) -> GenerationRoutes:
     async def detokenize_route(body: DetokenizeRequest, who: Principal = Depends(caller)):
         return await detokenize(ctx, body, who)
 
-    return GenerationRoutes(app, ctx, state.auth, max_body_bytes)
+    routes = GenerationRoutes(app, ctx, state.auth, max_body_bytes, max_json_depth=ctx.settings.limits.max_json_depth)
+    return BodyDeadline(routes, ctx.settings.server.body_timeout_s)
 
 
 async def _worker_rows(state: AppState) -> list[dict] | None:

@@ -1,13 +1,16 @@
 """API keys mapped to teams, stored hashed (SQLite by default, Postgres by URL).
 
-With no key in the database the service runs in open local mode: every request is
-team "local" and a warning says so at start-up.
+Every request needs a key, except in open mode, an explicit setting (`server.open_mode`, `--open-mode`) that is
+off by default. In open mode a caller on loopback without a valid key is the local admin (team "local"), a caller
+with a valid key is that key's principal, and any other caller needs a key as always; `rollout-serve up` refuses
+open mode with a host other than loopback. Nothing else opens the service: no key in the database, every key
+revoked, or a database_url naming an empty database leave it closed, each request a 401 saying how to make a key.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import ipaddress
 import logging
 import secrets
 import time
@@ -90,6 +93,11 @@ class KeyStore:
             count = conn.execute(select(func.count()).select_from(api_keys).where(api_keys.c.revoked.is_(False))).scalar()
         return bool(count) or self.admin_key_hash is not None
 
+    def could_be_key(self, key: str) -> bool:
+        """Whether `key` has the form of a key this store holds: one it made (KEY_PREFIX), or the admin key.
+        Anything else is answered without a database read (openai clients in open mode send a placeholder)."""
+        return key.startswith(KEY_PREFIX) or hash_key(key) == self.admin_key_hash
+
     def lookup(self, key: str) -> Principal | None:
         """The key's principal, None for an unknown or revoked key (a database read)."""
         digest = hash_key(key)
@@ -100,42 +108,59 @@ class KeyStore:
         return Principal(row.team, row.key_prefix, row.is_admin) if row is not None and not row.revoked else None
 
 
-class Authenticator:
-    """Resolves `Authorization: Bearer <key>` to a team, or the open-mode principal when no key exists.
+OPEN_MODE_PRINCIPAL = Principal(OPEN_MODE_TEAM, None, is_admin=True)
+_HOW_TO_GET_A_KEY = ("Keys are made with `rollout-serve keys create --team NAME`; a server started with --open-mode "
+                     "serves callers on loopback without one.")
 
-    What the server read of a key (or of whether any key exists) is trusted for `recheck_s`, then read again
-    in a worker thread (rollout_server/read_cache.py): a key created or revoked with `rollout-serve keys`, or
-    the first key that ends open mode, takes effect within that delay.
+
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` (an IP address, or "localhost") is this machine's loopback interface."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host or "")
+    except ValueError:  # a name, or no address at all (a client over a Unix socket)
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1, as a dual-stack socket reports it
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+class Authenticator:
+    """Resolves `Authorization: Bearer <key>` and the client's address to a principal (module docstring).
+
+    What the server read of a key is trusted for `recheck_s`, then read again in a worker thread
+    (rollout_server/read_cache.py): a key created or revoked with `rollout-serve keys` takes effect within that
+    delay.
     """
 
-    def __init__(self, store: KeyStore, recheck_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, store: KeyStore, recheck_s: float = 2.0, clock: Callable[[], float] = time.monotonic,
+                 open_mode: bool = False):
         self.store = store
         self.recheck_s = recheck_s
-        self.clock = clock
-        self.open_mode = not store.has_keys()
-        self._open_mode_read_at = clock()
+        self.open_mode = open_mode
         # key hash -> principal; unknown keys are not kept: a stream of made-up keys cannot fill memory
         self._principals: ReadCache[str, Principal | None] = ReadCache(recheck_s, keep=lambda p: p is not None,
                                                                        clock=clock)
-        if self.open_mode:
-            log.warning("!!! NO API KEYS CONFIGURED: open local mode, every request is accepted as team '%s'. "
-                        "Create keys with `rollout-serve keys create --team NAME` !!!", OPEN_MODE_TEAM)
+        if open_mode:
+            log.warning("open mode (--open-mode): callers on loopback without a key are accepted as team '%s', "
+                        "with admin rights; every other caller needs a key", OPEN_MODE_TEAM)
+        elif not store.has_keys():
+            log.warning("!!! NO API KEY EXISTS and open mode is off: every request is refused (401) until one is "
+                        "made with `rollout-serve keys create --team NAME` (or start with --open-mode to serve "
+                        "callers on loopback without a key) !!!")
 
-    async def authenticate(self, authorization: str | None) -> Principal:
-        if self.open_mode and self.clock() - self._open_mode_read_at >= self.recheck_s:
-            await self._read_open_mode()
-        if self.open_mode:
-            return Principal(OPEN_MODE_TEAM, None, is_admin=True)
-        if not authorization or not authorization.lower().startswith("bearer "):
-            raise APIError(401, "Missing API key: send 'Authorization: Bearer <key>'.", code="missing_api_key")
-        key = authorization[7:].strip()
-        principal = await self._principals.get(hash_key(key), lambda: self.store.lookup(key))
-        if principal is None:
-            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-        return principal
-
-    async def _read_open_mode(self) -> None:
-        self._open_mode_read_at = self.clock()  # one read for the requests arriving meanwhile
-        self.open_mode = not await asyncio.to_thread(self.store.has_keys)
-        if not self.open_mode:
-            log.info("API keys exist now: open local mode is over, requests need a key")
+    async def authenticate(self, authorization: str | None, client_host: str | None = None) -> Principal:
+        """The principal of the request's key, else, in open mode and from loopback, the local admin."""
+        key = authorization[7:].strip() if authorization and authorization.lower().startswith("bearer ") else None
+        principal = None
+        if key and self.store.could_be_key(key):
+            principal = await self._principals.get(hash_key(key), lambda: self.store.lookup(key))
+        if principal is not None:
+            return principal
+        if self.open_mode and is_loopback(client_host):
+            return OPEN_MODE_PRINCIPAL  # any key that is not one (openai clients must send one) counts as none
+        if key is None:
+            where = " (open mode serves callers on loopback only)" if self.open_mode else ""
+            raise APIError(401, f"Missing API key{where}: send 'Authorization: Bearer <key>'. {_HOW_TO_GET_A_KEY}",
+                           code="missing_api_key")
+        raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")

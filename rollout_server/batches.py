@@ -19,18 +19,31 @@ exactly once in the output or error file. Output files are written before the
 transaction that marks the batch final commits, under names fixed by the batch id,
 so a crash while finalizing just finalizes again over the same files.
 
-Ownership: every lookup is by (id, team); another team's file or batch is a 404.
+Ownership: every lookup is by (id, team); another team's file or batch is a 404. A batch also keeps the key that
+created it: its lines count against that key's rate limits (rollout_server/batch_runner.py).
 One runner per database (claiming lines is not safe against a second runner).
+
+Retention (`sweep()`, which the runner runs at start and every retention_sweep_s) applies the trace store's two
+rules (trace_pipeline/retention.py) to files: a file older than retention_days is removed, and a team holding more
+than retention_bytes_per_team loses its oldest files until it holds no more (the files its active batches use
+count, as they are on disk); other teams' files are never touched. A file an active batch uses (its input, or an
+output of a batch finalizing again after a crash) is never removed: the check and the delete are one statement,
+and create_batch checks its input file still exists in the transaction that makes the batch active. The row goes
+first, then the file: a crash between leaves a file no row points at, never a row without its file. A swept file
+is a 404, as one never uploaded; batches keep their records and the ids of swept files, as OpenAI's do.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from sqlalchemy import (
     BigInteger,
@@ -46,15 +59,21 @@ from sqlalchemy import (
     case,
     create_engine,
     event,
+    exists,
     func,
+    inspect,
     or_,
     select,
+    text,
     update,
 )
 from sqlalchemy.engine import Connection, Engine
 
 from rollout_server.batch_input import BATCH_ENDPOINTS, BatchInputError, InputLine, LineError, parse_input_file
 from rollout_server.errors import APIError, bad_request
+from trace_pipeline.retention import age_cutoff, oldest_beyond_budget
+
+log = logging.getLogger(__name__)
 
 COMPLETION_WINDOWS = {"24h": 24 * 3600}
 ACTIVE = ("in_progress", "cancelling")
@@ -76,6 +95,7 @@ batches = Table(
     "batches", _metadata,
     Column("id", String(64), primary_key=True),
     Column("team", String(128), nullable=False, index=True),
+    Column("key_prefix", String(16), nullable=True),   # the creator's key (NULL: open local mode, no key)
     Column("endpoint", String(64), nullable=False),
     Column("input_file_id", String(64), nullable=False),
     Column("completion_window", String(16), nullable=False),
@@ -126,6 +146,13 @@ class StoredFile:
                 "filename": self.filename, "purpose": self.purpose, "status": "processed"}
 
 
+@dataclass
+class SweepResult:
+    files_removed: int = 0
+    bytes_removed: int = 0
+    by_team: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # files removed
+
+
 @dataclass(frozen=True)
 class LineTask:
     """One claimed line, ready to execute."""
@@ -136,12 +163,14 @@ class LineTask:
     url: str
     team: str
     body: dict
+    key_prefix: str | None = None   # the key whose rate limits the line counts against (None: no key)
 
 
 @dataclass(frozen=True)
 class LineResult:
     status_code: int
     body: dict
+    headers: dict[str, str] = field(default_factory=dict)   # of an error: Retry-After (the runner reads it)
 
 
 def open_batch_database(url: str) -> Engine:
@@ -168,6 +197,7 @@ class BatchStore:
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self.max_lines = max_lines
         _metadata.create_all(engine)
+        _add_key_prefix_column(engine)
 
     # ---- files --------------------------------------------------------------------------
 
@@ -192,8 +222,17 @@ class BatchStore:
             row = conn.execute(select(batch_files).where(batch_files.c.id == file_id,
                                                          batch_files.c.team == team)).first()
         if row is None:
-            raise APIError(404, f"No such file: {file_id}", param=param, code="file_not_found")
+            raise _no_such_file(file_id, param)
         return StoredFile(**row._mapping)
+
+    def open_content(self, file_id: str, team: str, param: str = "file_id") -> tuple[StoredFile, BinaryIO]:
+        """The file and its bytes, opened: a sweep removing it meanwhile leaves the open handle readable, and one
+        that removed it first makes it a 404, as if it never was."""
+        stored = self.get_file(file_id, team, param)
+        try:
+            return stored, open(self.path_of(file_id), "rb")
+        except FileNotFoundError:
+            raise _no_such_file(file_id, param) from None
 
     def path_of(self, file_id: str) -> Path:
         return self.files_dir / f"{file_id}.jsonl"
@@ -201,7 +240,7 @@ class BatchStore:
     # ---- batches (the API side) ---------------------------------------------------------
 
     def create_batch(self, team: str, input_file_id: str, endpoint: str, completion_window: str,
-                     metadata: dict | None = None) -> dict:
+                     metadata: dict | None = None, key_prefix: str | None = None) -> dict:
         if endpoint not in BATCH_ENDPOINTS:
             raise bad_request(f"endpoint {endpoint!r} is not supported; use one of {', '.join(BATCH_ENDPOINTS)}",
                               param="endpoint", code="invalid_value")
@@ -211,13 +250,15 @@ class BatchStore:
         if stored.purpose != INPUT_PURPOSE:
             raise bad_request(f"file {input_file_id} has purpose {stored.purpose!r}, not 'batch'",
                               param="input_file_id", code="invalid_value")
-        lines = parse_input_file(self.path_of(input_file_id).read_bytes(), self.max_lines)
+        _, source = self.open_content(input_file_id, team, param="input_file_id")
+        with source:
+            lines = parse_input_file(source.read(), self.max_lines)
         _check_endpoint(lines, endpoint)
         now = time.time()
         batch_id = f"batch_{uuid.uuid4().hex}"
         with self.engine.begin() as conn:
             conn.execute(batches.insert().values(
-                id=batch_id, team=team, endpoint=endpoint, input_file_id=input_file_id,
+                id=batch_id, team=team, key_prefix=key_prefix, endpoint=endpoint, input_file_id=input_file_id,
                 completion_window=completion_window, status="in_progress",
                 metadata_json=json.dumps(metadata) if metadata else None,
                 created_at=now, in_progress_at=now, expires_at=now + COMPLETION_WINDOWS[completion_window]))
@@ -225,6 +266,9 @@ class BatchStore:
                 {"batch_id": batch_id, "line_no": line.line_no, "custom_id": line.custom_id, "url": line.url,
                  "byte_offset": line.byte_offset, "byte_length": line.byte_length, "state": "pending"}
                 for line in lines])
+            # The batch now holds its input file against sweeps (module doc); one may have removed it just before
+            if conn.execute(select(batch_files.c.id).where(batch_files.c.id == input_file_id)).first() is None:
+                raise _no_such_file(input_file_id, "input_file_id")
             return _batch_json(conn, _batch_row(conn, batch_id, team))
 
     def get_batch(self, batch_id: str, team: str) -> dict:
@@ -257,6 +301,50 @@ class BatchStore:
                                   code="batch_not_cancellable")
             return _batch_json(conn, _batch_row(conn, batch_id, team))
 
+    # ---- retention (the runner side) ---------------------------------------------------
+
+    def sweep(self, retention_days: float | None, bytes_per_team: int | None,
+              now: float | None = None) -> SweepResult:
+        """Removes the files the retention rules (module doc) say to, oldest first."""
+        cutoff = age_cutoff(retention_days, now)
+        with self.engine.connect() as conn:
+            files = [StoredFile(**row._mapping) for row in conn.execute(select(batch_files))]
+            in_use = {file_id for row in conn.execute(select(batches.c.input_file_id, batches.c.output_file_id,
+                                                             batches.c.error_file_id)
+                                                      .where(batches.c.status.in_(ACTIVE)))
+                      for file_id in row if file_id is not None}
+        doomed = [f for f in files if cutoff is not None and f.created_at < cutoff and f.id not in in_use]
+        if bytes_per_team is not None:
+            kept_by_team: dict[str, list[StoredFile]] = defaultdict(list)
+            for f in set(files) - set(doomed):
+                kept_by_team[f.team].append(f)
+            for kept in kept_by_team.values():
+                held_by_active = sum(f.bytes for f in kept if f.id in in_use)
+                doomed += oldest_beyond_budget([f for f in kept if f.id not in in_use], lambda f: f.bytes,
+                                               lambda f: f.created_at, bytes_per_team - held_by_active)
+        result = SweepResult()
+        for f in doomed:
+            if self._remove_file(f.id):
+                result.files_removed += 1
+                result.bytes_removed += f.bytes
+                result.by_team[f.team] += 1
+        if result.files_removed:
+            log.info("batch retention: removed %d files (%d bytes) of %s (older than %s days, over %s bytes per "
+                     "team)", result.files_removed, result.bytes_removed, dict(result.by_team), retention_days,
+                     bytes_per_team)
+        return result
+
+    def _remove_file(self, file_id: str) -> bool:
+        """Removes the file's row, unless an active batch uses it (one statement), then the file itself."""
+        in_use = exists().where(batches.c.status.in_(ACTIVE),
+                                or_(batches.c.input_file_id == file_id, batches.c.output_file_id == file_id,
+                                    batches.c.error_file_id == file_id))
+        with self.engine.begin() as conn:
+            removed = conn.execute(batch_files.delete().where(batch_files.c.id == file_id, ~in_use)).rowcount == 1
+        if removed:
+            self.path_of(file_id).unlink(missing_ok=True)
+        return removed
+
     # ---- lines (the runner side) --------------------------------------------------------
 
     def recover(self) -> int:
@@ -269,7 +357,7 @@ class BatchStore:
     def claim(self, limit: int, now: float) -> list[LineTask]:
         """Marks up to `limit` pending lines of the oldest runnable batch running and returns them."""
         with self.engine.begin() as conn:
-            for batch in conn.execute(select(batches.c.id, batches.c.team, batches.c.input_file_id)
+            for batch in conn.execute(select(batches.c.id, batches.c.team, batches.c.key_prefix, batches.c.input_file_id)
                                       .where(batches.c.status == "in_progress", batches.c.expires_at > now)
                                       .order_by(batches.c.created_at, batches.c.id)).all():
                 lines = conn.execute(select(batch_lines).where(batch_lines.c.batch_id == batch.id,
@@ -329,7 +417,8 @@ class BatchStore:
             for line in lines:
                 source.seek(line.byte_offset)
                 body = json.loads(source.read(line.byte_length))["body"]
-                tasks.append(LineTask(batch.id, line.line_no, line.custom_id, line.url, batch.team, body))
+                tasks.append(LineTask(batch.id, line.line_no, line.custom_id, line.url, batch.team, body,
+                                      batch.key_prefix))
         return tasks
 
     def _write_result_files(self, conn: Connection, batch, status: str, now: float) -> tuple[str | None, str | None]:
@@ -363,6 +452,14 @@ class BatchStore:
 
 # ---- module helpers -----------------------------------------------------------------------
 
+def _add_key_prefix_column(engine: Engine) -> None:
+    """A database made before batches kept their key gets the column; its batches have none (NULL), so their
+    remaining lines run without a key's limits, as they did."""
+    if "key_prefix" not in {column["name"] for column in inspect(engine).get_columns("batches")}:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE batches ADD COLUMN key_prefix VARCHAR(16)"))
+
+
 def _write_atomically(path: Path, content: bytes) -> None:
     partial = path.with_suffix(".partial")
     with open(partial, "wb") as handle:
@@ -370,6 +467,10 @@ def _write_atomically(path: Path, content: bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(partial, path)
+
+
+def _no_such_file(file_id: str, param: str) -> APIError:
+    return APIError(404, f"No such file: {file_id}", param=param, code="file_not_found")
 
 
 def _check_endpoint(lines: list[InputLine], endpoint: str) -> None:

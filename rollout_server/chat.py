@@ -8,7 +8,6 @@ the engine enforces, and the output is parsed back into `tool_calls`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from rollout_server.event_stream import EventStreamResponse
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.logprobs import chat_logprobs
 from rollout_server.protocol import ChatCompletionRequest, TokenizeRequest
+from rollout_server.request_limits import check_session_ids, check_tools
 from rollout_server.serving.call_repair import CallRepair
 from rollout_server.serving.context import ServingContext
 from rollout_server.serving.finished import ChoiceResult, policy_versions
@@ -31,7 +31,7 @@ from rollout_server.serving.prompt_checks import check_prompt, check_prompt_char
 from rollout_server.serving.sampling import sampling_for, stream_interval_for
 from rollout_server.serving.streamed_answer import running_usage_of, sse, stream_end, streamed_answer
 from rollout_server.session_prompts import team_session
-from rollout_server.structured import grammar_for_structural_tag, guided_for
+from rollout_server.structured import guided_for
 from rollout_server.tokenizer import tokenize_off_the_loop
 from rollout_server.tool_calls import StreamParser, ToolCallFormat, ToolRequestError, finish_reason_for, fold_deltas
 from rollout_server.tool_calls.argument_check import ArgumentCheck
@@ -103,7 +103,7 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
     fragment = await checked_tools(ctx, req.tools, choice, req.parallel_tool_calls)
     if choice == "none":
         return None  # tools stay in the prompt; nothing is enforced or parsed
-    guided = await _guided(fragment)
+    guided = await _guided(ctx, fragment)
     check = ArgumentCheck(ctx.tool_format, req.tools)
     repair = None
     if check.needed:
@@ -112,20 +112,22 @@ async def plan_tools(ctx: ServingContext, req: ChatCompletionRequest) -> ToolPla
         retry_choice = choice if isinstance(choice, dict) else "required"
         retry_fragment = await checked_tools(ctx, req.tools, retry_choice, req.parallel_tool_calls,
                                              ctx.tool_format.with_string_lengths())
-        repair = CallRepair(check, await _guided(retry_fragment))
+        repair = CallRepair(check, await _guided(ctx, retry_fragment))
     return ToolPlan(ctx.tool_format, req.tools, guided, repair)
 
 
-async def _guided(fragment: dict) -> GuidedDecoding | None:
+async def _guided(ctx: ServingContext, fragment: dict) -> GuidedDecoding | None:
     tag = fragment.get("structured_outputs", {}).get("structural_tag")
-    return GuidedDecoding("grammar", await asyncio.to_thread(grammar_for_structural_tag, tag)) if tag else None
+    return GuidedDecoding("grammar", await ctx.grammars.off_the_loop(ctx.grammars.ebnf_of, tag)) if tag else None
 
 
 async def checked_tools(ctx: ServingContext, tools: list[dict], choice: Any = "auto",
                         parallel: bool | None = None, fmt: ToolCallFormat | None = None) -> dict:
     """The engine's grammar fragment for these tools (empty when nothing is enforced), or a 400 naming the
     field. Tools are checked the same way whatever the tool_choice, and by /tokenize, so that ids are never
-    rendered for tools a chat request would be refused; once per tool set (GrammarCache)."""
+    rendered for tools a chat request would be refused; once per tool set (GrammarCache), within the request
+    limits on tools (rollout_server/request_limits.py) before any of that work."""
+    check_tools(ctx.settings.limits, tools)
     try:
         return await ctx.grammars.get(tools, choice, parallel, fmt or ctx.tool_format)
     except ToolRequestError as exc:
@@ -157,7 +159,8 @@ async def build_engine_request(ctx: ServingContext, req: ChatCompletionRequest, 
     prompt_ids = await prompt_ids_for(ctx, req, named_session, req.add_special_tokens, within_context=True)
     max_tokens = check_prompt(ctx, prompt_ids, req.max_new_tokens, "messages",
                               "max_completion_tokens" if req.max_completion_tokens else "max_tokens")
-    guided = tool_plan.guided if tool_plan else guided_for(req.response_format, req.structured_outputs)
+    guided = tool_plan.guided if tool_plan else await guided_for(ctx.grammars, req.response_format,
+                                                                 req.structured_outputs)
     return EngineRequest(
         model=req.model, request_id=new_request_id("chatcmpl"), prompt_token_ids=prompt_ids,
         max_tokens=max_tokens, sampling=sampling_for(ctx, req, max_tokens), top_logprobs=req.top_logprobs or 0,
@@ -180,6 +183,7 @@ def _finish_choice(tool_plan: ToolPlan | None):
 
 async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, session_header: str | None, who: Principal):
     ctx.target(req.model, who)
+    check_session_ids(ctx.settings.limits, x_session_id=session_header, session_id=req.session_id, user=req.user)
     session_id = session_id_for(session_header, req.session_id, req.user)
     tool_plan = await plan_tools(ctx, req)
     named_session = team_session(who.team, session_header or req.session_id or req.user)
@@ -204,7 +208,7 @@ async def chat_completions(ctx: ServingContext, req: ChatCompletionRequest, sess
         return EventStreamResponse(_whole_stream(ctx, req, generation, choices, usage),
                                    headers=generation.response_headers())
     body = {
-        "id": engine_request.request_id, "object": "chat.completion", "created": int(generation.created_at),
+        "id": generation.request_id, "object": "chat.completion", "created": int(generation.created_at),
         "model": req.model, "choices": [_choice_json(ctx, req, c) for c in choices],
         "usage": usage, "policy_version": generation.policy_version,
         "session_id": session_id, "worker_id": generation.worker_text,
@@ -263,7 +267,7 @@ class _ChoiceStream:
 
 def _stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generation,
             tool_plan: ToolPlan | None) -> AsyncIterator[bytes]:
-    base = {"id": generation.req.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+    base = {"id": generation.request_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": req.model, "policy_version": generation.policy_version}
     streams: dict[int, _ChoiceStream] = {}
     running_usage = req.stream_options is not None and req.stream_options.usage_in_every_chunk()
@@ -307,7 +311,7 @@ def _as_chunk_choices(ctx: ServingContext, req: ChatCompletionRequest, index: in
 async def _whole_stream(ctx: ServingContext, req: ChatCompletionRequest, generation: Generation,
                         choices: list[ChoiceResult], usage: dict) -> AsyncIterator[bytes]:
     """Finished choices as a stream: per choice, its content and each whole call, in one write."""
-    base = {"id": generation.req.request_id, "object": "chat.completion.chunk", "created": int(generation.created_at),
+    base = {"id": generation.request_id, "object": "chat.completion.chunk", "created": int(generation.created_at),
             "model": req.model, "policy_version": generation.policy_version}
     events = []
     for choice in choices:

@@ -33,11 +33,12 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 # What each error status means on this API, as the OpenAPI document says it.
 ERROR_MEANINGS = {
     400: "The request is invalid: `error.param` names the field at fault.",
-    401: "No API key, or one that is not valid (only once the server has keys: open local mode has none).",
+    401: "No API key, or one that is not valid (a server started in open mode serves callers on loopback without one).",
     403: "The key may not do this: an admin key is needed, or the pool, team or trace is another's.",
     404: "What the request names does not exist: a model, pool, version, adapter, file, batch or trace.",
     409: "The server's state refuses the request now: another deploy is running, there is no earlier version to "
-         "roll back to, the checkpoint cannot be served, the batch cannot be cancelled.",
+         "roll back to, the checkpoint cannot be served, the batch cannot be cancelled, the request_id is already "
+         "running.",
     413: "The request body (or uploaded file) is larger than this server accepts.",
     429: "A rate limit or quota of the key.",
     502: "The deploy failed on a worker; the pool still serves what it served before.",

@@ -10,6 +10,7 @@ from rollout_server.errors import bad_request
 from rollout_server.fast_json import MsgspecJSONResponse
 from rollout_server.logprobs import generate_logprobs
 from rollout_server.protocol import GenerateRequest
+from rollout_server.request_limits import check_session_ids
 from rollout_server.serving.context import ServingContext
 from rollout_server.serving.finished import policy_versions
 from rollout_server.serving.generation import Generation
@@ -24,11 +25,13 @@ async def generate(ctx: ServingContext, req: GenerateRequest, session_header: st
     if req.stream:
         raise bad_request("streaming is not supported on /inference/v1/generate", param="stream")
     params = req.sampling_params
+    check_session_ids(ctx.settings.limits, x_session_id=session_header, **{"sampling_params.user": params.user})
     max_tokens = check_prompt(ctx, req.token_ids, params.max_tokens, "token_ids", "sampling_params.max_tokens")
+    guided = await guided_for(ctx.grammars, None, params.structured_outputs, "sampling_params.")
     engine_request = EngineRequest(
         model=req.model, request_id=req.request_id or new_request_id("gen"), prompt_token_ids=list(req.token_ids),
         max_tokens=max_tokens, sampling=sampling_for(ctx, params, max_tokens, "sampling_params."), top_logprobs=params.logprobs or 0,
-        guided=guided_for(None, params.structured_outputs, "sampling_params."), cache_salt=params.cache_salt,
+        guided=guided, cache_salt=params.cache_salt,
         max_policy_lag=params.max_policy_lag, min_policy_version=params.min_policy_version,
         session_id=session_id_for(session_header, None, params.user),
         stream_interval=stream_interval_for(ctx, streamed=False))
@@ -37,7 +40,7 @@ async def generate(ctx: ServingContext, req: GenerateRequest, session_header: st
     await generation.start()
     choices = await generation.run_to_end()
     body = {
-        "request_id": engine_request.request_id, "model": req.model, "policy_version": generation.policy_version,
+        "request_id": generation.request_id, "model": req.model, "policy_version": generation.policy_version,
         "prompt_token_ids": engine_request.prompt_token_ids,
         "choices": [{
             "index": c.index, "token_ids": c.token_ids, "text": c.text, "finish_reason": c.finish_reason,

@@ -3,10 +3,17 @@ parse (a control character in a header value, a malformed request line) is an Op
 what the parser found, instead of uvicorn's plain-text "Invalid HTTP request received."
 
 Such a request never reaches the app, so the app's error handlers cannot shape this answer.
+
+And a request's headers arrive in time: uvicorn waits for them as long as a client likes, so a connection that
+sends nothing, or its headers a byte at a time, would hold one of the server's `max_connections` for ever. A
+connection's first request must have its headers whole within `headers_timeout_s` of the connection opening, and
+every later one within that time of its first byte; else the connection is closed. (Between requests uvicorn's
+keep-alive timeout closes an idle connection; a body has its own deadline, rollout_server/body_deadline.py.)
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httptools
@@ -34,9 +41,41 @@ class _ParserKeepingItsError:
 
 
 class HttpProtocol(HttpToolsProtocol):
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, headers_timeout_s: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.parser = _ParserKeepingItsError(self.parser)
+        self.headers_timeout_s = headers_timeout_s
+        self._headers_due: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._expect_headers()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._expect_headers()  # a first request's headers stay due from the connection's opening
+
+    def on_headers_complete(self) -> None:
+        self._headers_arrived()
+        super().on_headers_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._headers_arrived()
+        super().connection_lost(exc)
+
+    def _expect_headers(self) -> None:
+        if self.headers_timeout_s is not None and self._headers_due is None:
+            self._headers_due = self.loop.call_later(self.headers_timeout_s, self._headers_too_late)
+
+    def _headers_arrived(self) -> None:
+        if self._headers_due is not None:
+            self._headers_due.cancel()
+            self._headers_due = None
+
+    def _headers_too_late(self) -> None:
+        self._headers_due = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
         detail = self.parser.error or "malformed request"

@@ -2,19 +2,24 @@
 
 Counts what clients see: requests, prompt / cached / completion tokens (and the policy version that
 sampled each), TTFT and inter-token latency, per-worker load and cache hits (the worker that served
-each request is reported by Dynamo's router), and how long weight updates paused workers.
+each request is reported by Dynamo's router), how long weight updates paused workers, and what became of
+each trace record: a trace the store could not write (disk full) is counted here, never lost silently;
+and the Batch API files the retention sweep removed.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter as Tally
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine.contract import POLICY_LAG
 from rollout_server.serving.finished import FinishedGeneration
 
+# The trace capture's counters (TraceCapture.stats) shown as rollout_trace_records{outcome=...}, since start.
+TRACE_OUTCOMES = ("written", "fields_dropped", "write_errors", "unstorable", "expired")
 _LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96)
 
 
@@ -52,8 +57,24 @@ class Metrics:
                                       "max_policy_lag (finish reason policy_lag)", registry=r)
         self.update_pause = Histogram("rollout_weight_update_pause_seconds", "How long a worker was paused for a "
                                       "weight update or an admin pause", buckets=_LATENCY_BUCKETS, registry=r)
+        self.trace_records = Gauge(
+            "rollout_trace_records", "Trace records since start, by outcome: written (durable in the WAL); "
+            "fields_dropped (written without fields that could not be redacted or encoded); lost: write_errors "
+            "(the write failed: disk full, an unwritable store), unstorable (not encodable even without those "
+            "fields); expired (removed by retention)", ["outcome"], registry=r)
+        self.batch_files_expired = Gauge("rollout_batch_files_expired", "Batch API files (inputs, outputs, "
+                                         "errors) removed by retention, since start", registry=r)
         self.deployment_healthy = Gauge("rollout_deployment_healthy", "1 if the deployment (Dynamo frontend + "
                                         "workers) is in rotation", ["pool", "deployment"], registry=r)
+
+    def watch_traces(self, stats: Callable[[], dict]) -> None:
+        """Reads the trace capture's counters (`TraceCapture.stats`) at every scrape."""
+        for outcome in TRACE_OUTCOMES:
+            self.trace_records.labels(outcome).set_function(lambda outcome=outcome: stats()[outcome])
+
+    def watch_batches(self, files_expired: Callable[[], int]) -> None:
+        """Reads the batch runner's count of expired files (`BatchRunner.files_expired`) at every scrape."""
+        self.batch_files_expired.set_function(files_expired)
 
     def request_started(self, endpoint: str) -> None:
         self.in_flight.labels(endpoint).inc()

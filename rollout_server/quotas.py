@@ -197,7 +197,7 @@ class RateLimiter:
 
     async def on_finish(self, generation: FinishedGeneration) -> None:
         """A `ServingContext.on_finish` hook: settles the request with the tokens it really used."""
-        self.settle(generation.request_id, generation.prompt_tokens + generation.completion_tokens)
+        self.settle(generation.engine_request_id, generation.prompt_tokens + generation.completion_tokens)
 
     @property
     def open_reservations(self) -> int:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import signal
+from functools import partial
 from pathlib import Path
 
 import uvicorn
@@ -17,21 +18,23 @@ from engine.supervisor.pools import PoolSet
 from engine.supervisor.stack import Stack
 from engine.supervisor.worker_control import WorkerHandle
 from finetune_deploy.executor import Deployer
-from finetune_deploy.weight_transfer import WeightTransfer
 from finetune_deploy.registry import CheckpointRegistry, RegistryError
 from finetune_deploy.served_models import ModelTable
+from finetune_deploy.weight_transfer import WeightTransfer
 from rollout_server.app import AppState, internal_execute
 from rollout_server.auth import Authenticator, KeyStore, open_database
 from rollout_server.batch_runner import BatchRunner
 from rollout_server.batches import BatchStore, open_batch_database
+from rollout_server.http_protocol import HttpProtocol
 from rollout_server.metrics import Metrics
 from rollout_server.quotas import KeyLimitStore, RateLimiter
 from rollout_server.serving.context import ServingContext
-from rollout_server.settings import Settings
+from rollout_server.settings import ServerSettings, Settings
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tracing import TraceHook
 from rollout_server.usage import UsageRecorder, UsageStore
 from trace_pipeline.capture import TraceCapture
+from trace_pipeline.redact import TokenPieces, redact_record
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,10 @@ def batch_runner(settings: Settings, ctx: ServingContext) -> BatchRunner:
 
     runner = BatchRunner(store, internal_execute(ctx), max_in_flight=settings.batches.max_in_flight,
                          should_yield=interactive_requests_waiting, poll_s=settings.batches.poll_s,
-                         yield_sleep_s=settings.batches.yield_sleep_s)
+                         yield_sleep_s=settings.batches.yield_sleep_s,
+                         retention_days=settings.batches.retention_days,
+                         retention_bytes_per_team=settings.batches.retention_bytes_per_team,
+                         retention_sweep_s=settings.batches.retention_sweep_s)
     return runner
 
 
@@ -86,7 +92,8 @@ def deployer_for(settings: Settings, database, model_dir: Path, model_name: str,
         return await asyncio.to_thread(pools.worker_handles)  # every pool serves the same policy
 
     host_tier = StackTierKeys(stack) if settings.engine.kv_tier.enabled else None
-    return Deployer(registry, models, list_workers, settings.deploy, host_tier, settings.engine.lora.enable_lora)
+    return Deployer(registry, models, list_workers, settings.deploy, host_tier, settings.engine.lora.enable_lora,
+                    own_dirs=[settings.state.cache_dir, settings.state.resolved_state_dir])
 
 
 class StackTierKeys:
@@ -106,7 +113,7 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack:
     tokenizer = ModelTokenizer(model_dir, settings.server.session_prompt_tokens)
     database = open_database(settings.state.resolved_database_url)
     deployer = deployer_for(settings, database, model_dir, model_name, stack, pools)
-    pools.current_weights = lambda: (Path(deployer.models.base.path or model_dir), deployer.models.base.policy_version)
+    pools.current_weights = deployer.weights_for_new_workers
     pools.prepare_workers = deployer.load_serving_adapters
     ctx = ServingContext(
         settings=settings, tokenizer=tokenizer, client=Dispatcher(pools),
@@ -115,7 +122,8 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack:
     )
     ctx.metrics.session_prompt_tokens_reused.set_function(lambda: tokenizer.session_prompts.reused_tokens)
     deployer.on_pause_ended = ctx.metrics.update_pause.observe
-    auth = Authenticator(KeyStore(database, settings.server.admin_key), settings.server.keys_recheck_s)
+    auth = Authenticator(KeyStore(database, settings.server.admin_key), settings.server.keys_recheck_s,
+                         open_mode=settings.server.open_mode)
     state = AppState(ctx=ctx, auth=auth, health=pools.pools[DEFAULT_POOL].deployments[0].health, deployer=deployer,
                      pools=pools, weight_transfer=WeightTransfer(deployer, settings.state.resolved_state_dir
                                                                   / "pushed-weights" / settings.deploy.pool))
@@ -126,13 +134,26 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack:
         ctx.on_finish.append(state.usage.on_finish)
     if settings.batches.enabled:
         state.batches = batch_runner(settings, ctx)
+        ctx.metrics.watch_batches(lambda: state.batches.files_expired)
     if settings.traces.enabled:
-        capture = TraceCapture(settings.traces.model_copy(update={"dir": settings.trace_dir}))
+        # Redaction masks the token ids of secrets too: it reads ids as text with the served model's tokenizer.
+        redactor = partial(redact_record, token_pieces=TokenPieces(tokenizer.hf)) if settings.traces.redact else None
+        capture = TraceCapture(settings.traces.model_copy(update={"dir": settings.trace_dir}), redactor=redactor)
         capture.start()
         state.traces = TraceHook(capture)
+        ctx.metrics.watch_traces(lambda: capture.stats)
         ctx.on_finish.append(state.traces)
         log.info("trace capture on: %s", settings.trace_dir)
     return state
+
+
+def uvicorn_config(app, server: ServerSettings) -> uvicorn.Config:
+    """How the front door serves HTTP: its own protocol (rollout_server/http_protocol.py: headers due within
+    `headers_timeout_s`), and at most `max_connections` connections served at once (uvicorn answers a request
+    over it with a 503)."""
+    return uvicorn.Config(app, host=server.host, port=server.port, log_level="warning", access_log=False,
+                          http=partial(HttpProtocol, headers_timeout_s=server.headers_timeout_s),
+                          limit_concurrency=server.max_connections)
 
 
 class FrontDoorServer(uvicorn.Server):

@@ -22,6 +22,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
+from rollout_server.serving.team_scope import team_scoped
+
 log = logging.getLogger(__name__)
 
 # Rendered with the model's own template to check that pieces cut at its markers add up.
@@ -98,7 +100,7 @@ class SessionPrompts:
 def team_session(team: str, session_id: str | None) -> str | None:
     """What a named session's prompt is kept under: per team, so that no caller's prompt is ever tokenized
     faster thanks to (and could so time a guess at) another team's."""
-    return f"{team}/{session_id}" if session_id else None
+    return team_scoped(team, session_id) if session_id else None
 
 
 def cut_markers_of(hf_tokenizer) -> list[str]:

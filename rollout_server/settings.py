@@ -6,7 +6,8 @@
     ├── engine   EngineSettings    model, workers, routing, disaggregation, pools, LoRA, KV tier (engine/settings.py)
     ├── traces   TraceSettings     trace capture and store (trace_pipeline/settings.py)
     ├── deploy   DeploySettings    checkpoint deploys (finetune_deploy/settings.py)
-    └── usage, quotas, batches     accounting, rate limits, the Batch API (this module)
+    └── usage, quotas, batches,    accounting, rate limits, the Batch API,
+        limits                     what one request may ask (this module)
 
 Names, the same on the command line, in the environment and as keyword arguments:
 - a field of `server`, `state`, `engine` and engine's sections other than `kv_tier` goes by its own name:
@@ -18,12 +19,13 @@ Those rules are `SETTINGS_NAMES`, built from the tree: no name is listed by hand
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from engine.settings import EngineSettings
@@ -41,6 +43,21 @@ class ServerSettings(BaseModel):
     host: str = Field("127.0.0.1", description="address the front door listens on")
     port: int = Field(8000, description="port of the OpenAI-compatible front door")
     admin_key: str | None = Field(None, description="API key with admin rights (deployments, weight updates)")
+    open_mode: bool = Field(False, description="serve callers without a key as the local admin (team 'local'), "
+                                               "from loopback clients only, and only with a loopback --host; off "
+                                               "by default so that no key, a wrong database_url or every key "
+                                               "revoked never opens the service (docs/security.md)")
+    max_connections: int = Field(2048, ge=1, description="connections served at once (a request over it: 503); "
+                                                         "bounds the sockets and tasks one client can hold, with "
+                                                         "room for thousands of concurrent rollout streams")
+    body_timeout_s: float = Field(60.0, gt=0, description="seconds a request's body may take to arrive, from its "
+                                                          "headers to its last byte (408 and the connection closed "
+                                                          "after): a slow or stalled body cannot hold a connection; "
+                                                          "a full 200 MiB batch file needs ~3.5 MB/s")
+    headers_timeout_s: float = Field(30.0, gt=0, description="seconds a connection's request headers may take to "
+                                                             "arrive (from its opening, or a later request's first "
+                                                             "byte) before the connection is closed: idle or "
+                                                             "trickling connections cannot fill max_connections")
     keys_recheck_s: float = Field(2.0, ge=0, description="how long the server trusts what it last read of a key "
                                                       "(or of whether any key exists): keys created or revoked with "
                                                       "`rollout-serve keys` take effect within this delay")
@@ -58,6 +75,29 @@ class ServerSettings(BaseModel):
         description="token ids of named sessions' chat prompts the front door keeps (with their text: ~8 bytes a "
                     "token for ASCII text, up to ~20 otherwise), so that a returning turn tokenizes only what it "
                     "adds; 0: every prompt is tokenized whole")
+    kv_share_groups: list[list[str]] = Field(
+        default_factory=list,
+        description="teams that share cached KV (prefix cache, KV router, KV tier), as groups: "
+                    '[["rl", "eval"]] lets rl and eval reuse each other\'s cached prompts; every other team\'s KV is '
+                    "its own, so no team can learn from cached_tokens what another sent (rollout_server/serving/"
+                    "team_scope.py); a team in at most one group; JSON on the command line and in the environment")
+    kv_salt_secret: str | None = Field(
+        None, description="secret that keys each team's KV cache salt, so that salts cannot be computed from team "
+                          "names; None: a random one per process (the caches it salts live as long as the stack it "
+                          "starts); set the same value on front doors that share workers")
+
+    @field_validator("kv_share_groups", mode="before")
+    @classmethod
+    def _share_groups_as_json(cls, value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value  # a flag's value is text
+
+    @field_validator("kv_share_groups")
+    @classmethod
+    def _team_in_one_group(cls, groups: list[list[str]]) -> list[list[str]]:
+        teams = [team for group in groups for team in set(group)]
+        if len(teams) != len(set(teams)):
+            raise ValueError("a team may be in at most one of kv_share_groups")
+        return groups
 
 
 class StateSettings(BaseModel):
@@ -104,10 +144,53 @@ class BatchSettings(BaseModel):
     max_lines: int = Field(50_000, ge=1, description="most lines in one input file")
     poll_s: float = Field(1.0, gt=0, description="the runner's idle re-check interval")
     yield_sleep_s: float = Field(0.5, gt=0, description="pause while interactive load asks batches to yield")
+    # Retention (BatchStore.sweep, the same rules as the trace store's): on by default, so that no team can fill
+    # the disk with files and none is kept forever by accident. A file an active batch uses is never removed.
+    retention_days: float | None = Field(
+        30.0, gt=0, description="days an input, output or error file is kept (by its created_at), then removed by "
+                                "the retention sweep; None keeps them forever. 30: OpenAI's default for files of "
+                                "purpose batch, so clients written for it fetch results in time")
+    retention_bytes_per_team: int | None = Field(
+        20 * 2**30, gt=0, description="bytes of files one team may hold (inputs, outputs and errors); over it the "
+                                      "sweep removes that team's oldest files and no other team's. None: no cap. "
+                                      "20 GiB: a hundred input files of the largest size (max_file_bytes), far from "
+                                      "a shared disk's size")
+    retention_sweep_s: float = Field(3600.0, gt=0, description="seconds between retention sweeps (the first runs "
+                                                               "at start); hourly keeps the overshoot small")
+
+
+class LimitSettings(BaseModel):
+    """What one request may ask of the front door (rollout_server/request_limits.py): each is a 400 naming the field
+    when passed. The defaults are far above what any client of the tests, examples and benchmarks sends. And what
+    the front door spends on grammars for all requests (rollout_server/tool_calls/grammar_cache.py)."""
+
+    max_prompts: int = Field(2048, ge=1, description="prompts in one completions request (a list of texts or of "
+                             "token-id lists); 2,048 as OpenAI's batched inputs, each prompt is an engine request")
+    max_sampled_tokens: int = Field(2**20, ge=1, description="n x max_tokens of one generation, in tokens (an unset "
+                                    "max_tokens counts as the room the context leaves); 1,048,576: 32 choices filling "
+                                    "a 32k context, 8x an RL group of 16 x 8k")
+    max_tools: int = Field(128, ge=0, description="tools in one request; 128 as OpenAI's limit and the largest "
+                           "tool set of the benchmarks (each tool is rendered into the prompt and the grammar)")
+    max_tool_schema_bytes: int = Field(64 * 2**10, ge=1, description="one tool's definition as compact JSON, in bytes; "
+                                       "64 KiB: ~90x the largest schema of the benchmarks' suite (700 bytes); its "
+                                       "grammar's compile time grows with it")
+    max_session_id_chars: int = Field(256, ge=1, description="characters of a session id (X-Session-ID, the body's "
+                                      "session_id or user, which name the session when no header does); 256 as a "
+                                      "request id and as Dynamo's session header; ids are kept as pins and prompts")
+    max_json_depth: int = Field(64, ge=1, description="nesting of a JSON request body, in levels of objects and "
+                                "arrays; 64: the deepest body of the tests (a nested tool schema) is under 16, and "
+                                "code that walks values recursively (validation, redaction) fails near 1,000")
+    max_grammar_compiles: int = Field(2, ge=1, description="grammars (tool calls, structured outputs) checked and "
+                                      "compiled at once, each in a thread of its own off the event loop; more wait "
+                                      "their turn: 2 keeps a burst of distinct schemas to two cores of the front door "
+                                      "and out of the threads tokenizing and database reads share")
+    grammar_cache_mib: float = Field(64.0, gt=0, description="compiled grammars and checked schemas kept for reuse, "
+                                     "in MiB (an entry's size: its text's length), least recently used evicted "
+                                     "first; 64: hundreds of 128-tool grammars (~100-300 KB each)")
 
 
 # Sections whose fields go by section and name (their field names repeat across sections: enabled, dir, ...).
-PREFIXED_SECTIONS = ("kv_tier", "traces", "usage", "quotas", "batches", "deploy")
+PREFIXED_SECTIONS = ("kv_tier", "traces", "usage", "quotas", "batches", "deploy", "limits")
 
 
 @dataclass(frozen=True)
@@ -134,6 +217,7 @@ class Settings(BaseSettings):
     usage: UsageSettings = Field(default_factory=UsageSettings, description="usage accounting")
     quotas: QuotaSettings = Field(default_factory=QuotaSettings, description="default per-key rate limits")
     batches: BatchSettings = Field(default_factory=BatchSettings, description="Batch API")
+    limits: LimitSettings = Field(default_factory=LimitSettings, description="what one request may ask")
     deploy: DeploySettings = Field(default_factory=DeploySettings,
                                    description="checkpoint deploys and RL weight sync")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from rollout_server.auth import Principal
 from rollout_server.chat import checked_tools, prompt_ids_for
 from rollout_server.protocol import DetokenizeRequest, TokenizeRequest
+from rollout_server.request_limits import check_session_ids
 from rollout_server.serving.context import ServingContext
 from rollout_server.serving.prompt_checks import check_in_vocabulary
 from rollout_server.session_prompts import team_session
@@ -20,6 +21,7 @@ async def tokenize(ctx: ServingContext, req: TokenizeRequest, session_header: st
     if req.model is not None:
         ctx.target(req.model, who)
     if req.messages is not None:
+        check_session_ids(ctx.settings.limits, x_session_id=session_header, session_id=req.session_id)
         if req.tools:
             await checked_tools(ctx, req.tools)  # refused as a chat request with these tools would be
         named_session = team_session(who.team, session_header or req.session_id)

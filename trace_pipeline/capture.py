@@ -8,6 +8,17 @@ With settings.ack == "durable" (default) record() returns only after the record'
 batch is fsync'ed: that return is the acknowledgement, and the record survives
 kill -9 from then on. With "enqueue" it returns once queued.
 
+One bad record never costs its neighbours: each record is redacted and encoded on
+its own (trace_pipeline/salvage.py); one that fails loses only its offending fields
+(named in `dropped_fields`, counter `fields_dropped`), or, when even that fails, is
+refused alone (counter `unstorable`, TraceWriteError to its caller). A WAL write that
+fails (disk full, an unwritable directory: any OSError) refuses its batch (counter
+`write_errors`). Either way a log line says it, and the front door shows the counters
+in /metrics (rollout_trace_records), so no loss is silent.
+
+A third thread sweeps retention (trace_pipeline/retention.py) at start and every
+retention_sweep_s: counters `expired` (trace records) and `rewards_expired`.
+
 When the queue is full, settings.full_policy decides: "block" waits for room
 (asynchronously in record()); "spill" has the caller append the record to an
 overflow WAL segment itself (in a worker thread, fsync'ed, so also durable on
@@ -25,10 +36,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from trace_pipeline import codec
+from trace_pipeline import retention
 from trace_pipeline.handoff import Handoff
 from trace_pipeline.records import TraceRecord
 from trace_pipeline.redact import Redactor, redact_record
+from trace_pipeline.salvage import UnstorableRecord, prepare
 from trace_pipeline.settings import TraceSettings
 from trace_pipeline.store import TraceStore
 from trace_pipeline.wal import WalSegment
@@ -60,11 +72,11 @@ class SpillLog:
         self._segment: WalSegment | None = None
         self._lock = threading.Lock()
 
-    def append(self, record: TraceRecord) -> None:
+    def append(self, payload: bytes) -> None:
         with self._lock:
             if self._segment is None:
                 self._segment = self._store.new_segment(prefix="spill")
-            self._segment.append([codec.encode(record)])
+            self._segment.append([payload])
 
     def rotate(self) -> WalSegment | None:
         """Hands over the current segment (still open and locked) for sealing."""
@@ -94,10 +106,13 @@ class TraceCapture:
         self._seal_failed = False
         self._thread: threading.Thread | None = None
         self._sealer: threading.Thread | None = None
+        self._sweeper: threading.Thread | None = None
+        self._stop_sweeping = threading.Event()
         self._last_full_log = 0.0
         self._counts_lock = threading.Lock()
         self._counts = dict(accepted=0, written=0, sealed=0, spilled=0, blocked_waits=0,
-                            write_errors=0, seal_errors=0, recovered=0)
+                            write_errors=0, unstorable=0, fields_dropped=0, seal_errors=0, recovered=0,
+                            expired=0, rewards_expired=0)
 
     # ---- lifecycle ---------------------------------------------------------------
 
@@ -106,8 +121,10 @@ class TraceCapture:
         self._count("recovered", self.store.recover())
         self._thread = threading.Thread(target=self._run, name="trace-writer", daemon=True)
         self._sealer = threading.Thread(target=self._run_sealer, name="trace-sealer", daemon=True)
+        self._sweeper = threading.Thread(target=self._run_sweeper, name="trace-retention", daemon=True)
         self._thread.start()
         self._sealer.start()
+        self._sweeper.start()
         log.info("trace capture started: dir=%s ack=%s full_policy=%s queue_size=%d",
                  self.settings.dir, self.settings.ack, self.settings.full_policy,
                  self.settings.queue_size)
@@ -115,6 +132,10 @@ class TraceCapture:
     def close(self) -> None:
         """Stops taking records, writes and seals everything queued, closes the store."""
         self._handoff.close()
+        self._stop_sweeping.set()
+        if self._sweeper is not None:
+            self._sweeper.join()
+            self._sweeper = None
         if self._thread is not None:
             self._thread.join()     # it queues the last seal, then tells the sealer to stop
             self._sealer.join()
@@ -163,7 +184,13 @@ class TraceCapture:
         return dict(queued=len(self._handoff), unsealed=len(self._unsealed), **counts)
 
     def _spill_record(self, rec: TraceRecord) -> None:
-        self._spill.append(self._prepare(rec))
+        payload = self._prepare(rec)[1]
+        try:
+            self._spill.append(payload)
+        except OSError as exc:
+            self._count("write_errors")
+            log.error("spilling the trace record of request %s failed: NOT stored: %s", rec.request_id, exc)
+            raise TraceWriteError(str(exc)) from exc
         spilled = self._count("spilled")
         self._log_full(f"spilled the record to disk (spilled={spilled})")
 
@@ -182,8 +209,19 @@ class TraceCapture:
             self._counts[name] += n
             return self._counts[name]
 
-    def _prepare(self, rec: TraceRecord) -> TraceRecord:
-        return self._redact(rec) if self._redact else rec
+    def _prepare(self, rec: TraceRecord) -> tuple[TraceRecord, bytes]:
+        """The record as stored and its WAL payload; raises TraceWriteError when it is unstorable."""
+        try:
+            stored, payload = prepare(rec, self._redact)
+        except UnstorableRecord as exc:
+            self._count("unstorable")
+            log.error("trace record of request %s (team %s) NOT stored: %s", rec.request_id, rec.team, exc)
+            raise TraceWriteError(str(exc)) from exc
+        if stored.dropped_fields:
+            self._count("fields_dropped")
+            log.warning("trace record of request %s (team %s) stored without %s: they could not be redacted "
+                        "or encoded", rec.request_id, rec.team, ", ".join(stored.dropped_fields))
+        return stored, payload
 
     # ---- writer thread -----------------------------------------------------------
 
@@ -204,11 +242,23 @@ class TraceCapture:
 
     def _commit(self, batch: list[_Queued]) -> None:
         """One group commit: all records of the batch in one write + fsync, then acks."""
+        records, payloads, kept = [], [], []
+        for item in batch:
+            try:
+                record, payload = self._prepare(item.record)
+            except TraceWriteError as exc:
+                acknowledge([item], exc)   # this record alone
+                continue
+            records.append(record)
+            payloads.append(payload)
+            kept.append(item)
+        if not kept:
+            return
+        batch = kept
         try:
-            records = [self._prepare(item.record) for item in batch]
             if self._segment is None:
                 self._segment = self.store.new_segment()
-            self._segment.append([codec.encode(r) for r in records])
+            self._segment.append(payloads)
         except Exception as exc:
             log.exception("trace WAL write failed: %d records NOT stored", len(batch))
             self._count("write_errors", len(batch))
@@ -257,6 +307,19 @@ class TraceCapture:
                 self._seal_failed = True
             finally:
                 job.segment.close()
+
+
+    # ---- retention thread --------------------------------------------------------
+
+    def _run_sweeper(self) -> None:
+        while not self._stop_sweeping.is_set():
+            try:
+                swept = retention.sweep(self.store, self.settings)
+                self._count("expired", swept.traces_removed)
+                self._count("rewards_expired", swept.rewards_removed)
+            except Exception:   # e.g. a full disk while rewriting: the files stay, the next sweep retries
+                log.exception("trace retention sweep failed; the next one retries")
+            self._stop_sweeping.wait(self.settings.retention_sweep_s)
 
 
 def acknowledge(batch: list[_Queued], error: Exception | None) -> None:

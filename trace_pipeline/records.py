@@ -42,6 +42,9 @@ class TraceRecord:
     # The policy version that sampled each completion token. None means all `policy_version`; a list only
     # when the weights changed while the request ran (an in-flight update).
     completion_policy_versions: list[int] | None = None
+    # The free-form fields this record lost because they could not be redacted or encoded (set to None instead of
+    # losing the whole record and its neighbours: trace_pipeline/salvage.py). None: nothing dropped.
+    dropped_fields: list[str] | None = None
 
 
 @dataclass

@@ -27,6 +27,18 @@ class TraceSettings(BaseModel):
     flush_every_records: int = Field(8192, ge=1, description="seal buffered WAL records into Parquet after this many")
     flush_every_s: float = Field(10.0, gt=0, description="... or after this many seconds")
     zstd_level: int = Field(3, ge=1, le=22, description="Parquet zstd compression level")
+    # Retention (trace_pipeline/retention.py): on by default, generously, so that no team can fill the disk and
+    # nothing is kept forever by accident, while weeks of heavy RL traffic stay exportable.
+    retention_days: float | None = Field(
+        90.0, gt=0, description="days a trace record or reward row is kept (by its created_at), then removed by the "
+                                "retention sweep; None keeps them forever. 90: a training run's whole history")
+    retention_bytes_per_team: int | None = Field(
+        20 * 2**30, gt=0, description="bytes of Parquet traces one team may hold (its rows' share of each file), and "
+                                      "separately of reward rows; over it the sweep removes that team's oldest "
+                                      "records (one sealed file's worth at a time) and no other team's. None: no "
+                                      "cap. 20 GiB: about a million 2k-token records, far from a shared disk's size")
+    retention_sweep_s: float = Field(3600.0, gt=0, description="seconds between retention sweeps (the first runs "
+                                                               "at start); hourly keeps the overshoot small")
 
     @property
     def keeps_logprobs(self) -> bool:

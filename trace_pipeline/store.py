@@ -4,6 +4,7 @@ Layout under root:
     wal/<segment>.wal                         acknowledged records not yet sealed
     traces/date=YYYY-MM-DD/model=<quoted>/policy_version=<n>/<segment>.parquet
     rewards/<log>.wal                         the append-only rewards side table
+Every directory is 0700 and every file 0600: they hold every team's prompts.
 
 Life of a record: appended to a WAL segment and fsync'ed (acknowledged), later
 sealed: written to Parquet files named after its segment (atomic rename), and
@@ -32,7 +33,7 @@ import pyarrow.parquet as pq
 from trace_pipeline import codec
 from trace_pipeline.records import RewardRecord, TraceRecord
 from trace_pipeline.tables import TRACE_SCHEMA, make_dirs_durably, records_to_table, write_parquet_atomically
-from trace_pipeline.wal import SUFFIX, WalSegment, fsync_dir, read_frames
+from trace_pipeline.wal import PRIVATE_DIR, SUFFIX, WalSegment, fsync_dir, read_frames
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,8 @@ class TraceStore:
         self.rewards_dir = self.root / "rewards"
         for directory in (self.wal_dir, self.traces_dir, self.rewards_dir):
             make_dirs_durably(directory)
+        for directory in (self.root, self.wal_dir, self.traces_dir, self.rewards_dir):
+            directory.chmod(PRIVATE_DIR)   # also a store made before files were private
         self.zstd_level = zstd_level
         self._owners = OwnerIndex()
         self._rewards_log: WalSegment | None = None
@@ -174,6 +177,13 @@ class TraceStore:
                 self._rewards_log = WalSegment(self.rewards_dir / f"{unique_name('rewards')}{SUFFIX}")
             self._rewards_log.append([codec.encode(r) for r in rewards])
 
+    def rotate_rewards_log(self) -> None:
+        """Closes this process's rewards log (the next append opens a new one), so that it can be rewritten."""
+        with self._rewards_lock:
+            if self._rewards_log is not None:
+                self._rewards_log.close()
+                self._rewards_log = None
+
     def read_rewards(self, team: str | None = None) -> list[RewardRecord]:
         """Every reward row (of one team), oldest first."""
         rows = [codec.decode_reward(p)
@@ -183,10 +193,7 @@ class TraceStore:
         return [r for r in rows if team is None or r.team == team]
 
     def close(self) -> None:
-        with self._rewards_lock:
-            if self._rewards_log is not None:
-                self._rewards_log.close()
-                self._rewards_log = None
+        self.rotate_rewards_log()
 
 
 def claim_dead_segment(path: Path) -> int | None:

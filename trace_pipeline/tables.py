@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trace_pipeline.records import TraceRecord
-from trace_pipeline.wal import fsync_dir
+from trace_pipeline.wal import PRIVATE_DIR, PRIVATE_FILE, fsync_dir
 
 TRACE_SCHEMA = pa.schema([
     ("request_id", pa.string()),
@@ -46,6 +46,7 @@ TRACE_SCHEMA = pa.schema([
     ("cached_tokens", pa.int64()),
     ("worker_ids", pa.list_(pa.string())),
     ("source", pa.string()),
+    ("dropped_fields", pa.list_(pa.string())),  # null = none; else fields dropped as unredactable/unencodable
 ])
 
 JSON_COLUMNS = ("request_messages", "tools", "output_message", "sampling_params")
@@ -90,11 +91,11 @@ def number_lists(lists: list[list], list_type: pa.ListType, dtype) -> pa.ListArr
 
 
 def make_dirs_durably(directory: Path) -> None:
-    """mkdir -p that also fsyncs each parent whose entries it changed."""
+    """mkdir -p, private (0700), that also fsyncs each parent whose entries it changed."""
     if directory.is_dir():
         return
     make_dirs_durably(directory.parent)
-    directory.mkdir(exist_ok=True)
+    directory.mkdir(mode=PRIVATE_DIR, exist_ok=True)
     fsync_dir(directory.parent)
 
 
@@ -111,6 +112,7 @@ def write_parquet_atomically(table: pa.Table, path: Path, zstd_level: int) -> No
                    row_group_size=4096, use_dictionary=STRING_COLUMNS)
     fd = os.open(tmp, os.O_RDONLY)
     try:
+        os.fchmod(fd, PRIVATE_FILE)
         os.fsync(fd)
     finally:
         os.close(fd)

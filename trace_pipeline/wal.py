@@ -4,6 +4,8 @@ A segment is one file written by one process. While open it holds an exclusive
 flock, so recovery in another process never steals a live writer's segment; the
 kernel drops the lock when the writer dies (kill -9 included).
 
+Segments are created 0600 (PRIVATE_FILE): they hold every team's prompts.
+
 Frame: <u32 payload length><u32 crc32(payload)><payload>. A reader stops at the first
 short or corrupt frame: that is the torn tail of a write that was never acknowledged.
 """
@@ -21,6 +23,9 @@ log = logging.getLogger(__name__)
 
 FRAME_HEADER = struct.Struct("<II")
 SUFFIX = ".wal"
+# Trace files hold every team's prompts and outputs: only the server's user may read them.
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
 
 
 def fsync_dir(path: Path) -> None:
@@ -45,7 +50,7 @@ class WalSegment:
     def __init__(self, path: Path):
         self.path = path
         self.records = 0
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fsync_dir(path.parent)   # the new directory entry must survive a crash too
 
@@ -64,6 +69,19 @@ class WalSegment:
             self._fd = -1
 
 
+def write_segment_atomically(path: Path, payloads: list[bytes]) -> None:
+    """Replaces a closed segment with one holding `payloads`: a temp file (0600), fsync'ed, renamed into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    try:
+        data = memoryview(encode_frames(payloads))
+        while data:
+            data = data[os.write(fd, data):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def read_frames(path: Path) -> Iterator[bytes]:

@@ -95,6 +95,10 @@ def _engine_error(exc: Exception, req: EngineRequest) -> EngineError:
     return EngineUnavailable(f"the engine could not serve the request: {text}")
 
 
+# Where this process's request-plane and response-stream servers bind (engine/supervisor/stack.py, dynamo_env)
+PLANE_HOSTS = ("DYN_TCP_RPC_HOST", "DYN_TCP_RESPONSE_STREAM_HOST", "DYN_EVENT_PLANE_HOST")
+
+
 @contextmanager
 def _environment(values: dict[str, str]) -> Iterator[None]:
     """Dynamo reads its settings (discovery directory, planes, hosts) from the environment as a runtime starts;
@@ -154,12 +158,15 @@ class EmbeddedRouterClient:
     async def _make_router(self, loop: asyncio.AbstractEventLoop):
         from dynamo._core import DistributedRuntime, KvRouter, KvRouterConfig
 
-        with _environment(self.env):
-            self._runtime = DistributedRuntime(loop, self.discovery_backend, "tcp", event_plane="zmq")
+        # The planes' addresses are the same for every deployment (engine.internal_host) and Dynamo reads some of
+        # them again later (the response-stream server starts with the first request): they stay set.
+        os.environ.update({name: value for name, value in self.env.items() if name in PLANE_HOSTS})
         config = (KvRouterConfig() if self.host_cache_hit_weight is None
                   else KvRouterConfig(host_cache_hit_weight=self.host_cache_hit_weight))
-        endpoint = self._runtime.endpoint(WORKER_ENDPOINT)
-        router = KvRouter(endpoint, self.block_size, config)
+        with _environment(self.env):  # the router's event subscribers read the deployment's broker from it too
+            self._runtime = DistributedRuntime(loop, self.discovery_backend, "tcp", event_plane="zmq")
+            endpoint = self._runtime.endpoint(WORKER_ENDPOINT)
+            router = KvRouter(endpoint, self.block_size, config)
         try:
             await asyncio.wait_for((await endpoint.client()).wait_for_instances(), FIRST_DISCOVERY_S)
             log.info("KV router in the front door: workers found through %s", self.via)

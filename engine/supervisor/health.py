@@ -77,10 +77,11 @@ class StackHealth:
         return rows
 
     def worker_handles(self) -> list[WorkerHandle]:
-        """Every worker, as the deployer reaches it: system port (admin routes) and Dynamo instance id."""
+        """Every worker, as the deployer reaches it: Dynamo instance id and admin routes (control socket, token)."""
         reload_rpc = CUDA_RELOAD_RPC if has_cuda() else CPU_RELOAD_RPC
         return [WorkerHandle(w.index, w.system_port, worker_metrics(w.system_port).get("instance_id"), reload_rpc,
-                             w.role) for w in self.stack.workers]
+                             w.role, self.stack.control_socket(w.index), self.stack.control_token)
+                for w in self.stack.workers]
 
     # ---- start-up ------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.control_access import SOCKET_ENV, TOKEN_ENV, new_token
 from engine.gloo_weights import BACKEND as GLOO_BACKEND
 from engine.ids import BASE_VERSION, PolicyVersion
 from engine.kv_tier.config import TierConnectorConfig, kv_transfer_config
@@ -28,6 +29,7 @@ from engine.settings import EngineSettings
 from engine.supervisor import disaggregation, kv_tier_service, ports
 from engine.supervisor.compute_dtype import worker_dtype
 from engine.supervisor.device import has_cuda
+from engine.supervisor.event_broker import EventBroker
 from engine.supervisor.processes import ChildProcess, ProcessSpec, stop_all
 from engine.weight_stamps import VERSION_ENV
 
@@ -48,15 +50,20 @@ class WorkerInfo:
     nixl_port: int | None = None   # NIXL side channel (handshake) of a prefill/decode worker
 
 
-def dynamo_env(settings: EngineSettings, discovery_dir: Path) -> dict[str, str]:
-    """Everything on loopback; file discovery (no etcd/NATS) unless etcd is asked for."""
+def dynamo_env(settings: EngineSettings, discovery_dir: Path, event_broker_url: str) -> dict[str, str]:
+    """File discovery (no etcd/NATS) unless etcd is asked for. Every internal listener binds one address: the
+    request plane and response streams `internal_host` (loopback by default), the event plane none of its own (its
+    publishers connect to the deployment's broker, engine/supervisor/event_broker.py), the system port (health,
+    metrics: read by the supervisor on this host) loopback."""
+    host = str(settings.internal_host)
     env = {
         "DYN_DISCOVERY_BACKEND": settings.discovery_backend,
         "DYN_REQUEST_PLANE": "tcp",
         "DYN_EVENT_PLANE": "zmq",
-        "DYN_TCP_RPC_HOST": "127.0.0.1",
-        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
-        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_ZMQ_BROKER_URL": event_broker_url,
+        "DYN_TCP_RPC_HOST": host,
+        "DYN_EVENT_PLANE_HOST": host,
+        "DYN_TCP_RESPONSE_STREAM_HOST": host,
         "DYN_SYSTEM_HOST": "127.0.0.1",
         "DYN_LOG": os.environ.get("DYN_LOG", "info"),
     }
@@ -105,14 +112,23 @@ class Stack:
         self.frontend_url = f"http://127.0.0.1:{settings.frontend_port}"
         self.dtype = worker_dtype(settings.dtype, model_dir, on_cpu=not has_cuda())
         self._env: dict[str, str] = {}
+        self._event_broker: EventBroker | None = None
+        self.control_token = new_token()  # workers' admin routes answer its holder alone (engine/control_access.py)
 
     @property
     def discovery_dir(self) -> Path:
         return self.run_dir / "discovery"
 
+    def control_socket(self, worker_index: int) -> Path:
+        """Worker i's admin routes (engine/worker/control_socket.py), in a directory only this user can enter."""
+        return self.run_dir / "control" / f"worker-{worker_index}.sock"
+
     def dynamo_env(self) -> dict[str, str]:
-        """The environment every Dynamo process of this deployment starts with (the front door's KV router too)."""
-        return dynamo_env(self.settings, self.discovery_dir)
+        """The environment every Dynamo process of this deployment starts with (the front door's KV router too).
+        Its KV-event broker starts with the first call and runs until the deployment stops."""
+        if self._event_broker is None:
+            self._event_broker = EventBroker(str(self.settings.internal_host))
+        return dynamo_env(self.settings, self.discovery_dir, self._event_broker.url)
 
     # ---- process specs -------------------------------------------------------------------
 
@@ -131,8 +147,11 @@ class Stack:
         return ProcessSpec("dynamo-frontend", argv, env, self.run_dir / "frontend.log")
 
     def _worker_spec(self, worker: WorkerInfo, env: dict[str, str]) -> ProcessSpec:
+        # vLLM's engine core publishes to the worker's own relay (Dynamo's KvEventPublisher): loopback only. vLLM
+        # binds an endpoint only when it reads as a wildcard ("*" or "::" in it) and connects to any other, so
+        # loopback is written IPv4-mapped: vLLM binds it, and ZMQ binds it as 127.0.0.1 (the relay connects to it)
         kv_events = {"enable_kv_cache_events": True, "publisher": "zmq",
-                     "endpoint": f"tcp://*:{worker.kv_events_port}"}
+                     "endpoint": f"tcp://[::ffff:127.0.0.1]:{worker.kv_events_port}"}
         argv = [
             sys.executable, "-m", "engine.worker.dynamo_worker",
             "--model", str(self.model_dir), "--served-model-name", self.served_model_name,
@@ -159,6 +178,8 @@ class Stack:
             "VLLM_NO_USAGE_STATS": "1",
             "HF_HUB_OFFLINE": "1",
             VERSION_ENV: str(self.policy_version),  # every token is stamped with its weights
+            SOCKET_ENV: str(self.control_socket(worker.index)),
+            TOKEN_ENV: self.control_token,
             **disaggregation.worker_env(worker.role, worker.nixl_port,
                                         progress_thread=has_cuda() or self.settings.disaggregation.nixl_progress_thread),
         }
@@ -234,6 +255,8 @@ class Stack:
                                   "other ports (rollout-serve up --help)")
         shutil.rmtree(self.discovery_dir, ignore_errors=True)  # stale registrations would confuse the router
         self.discovery_dir.mkdir(parents=True, exist_ok=True)
+        self.control_socket(0).parent.mkdir(mode=0o700, exist_ok=True)
+        self.control_socket(0).parent.chmod(0o700)  # also when it was made before, or under another umask
         self._env = self.dynamo_env()
         log.info("starting Dynamo frontend on :%d (router %s) and %d vLLM worker(s) (dtype %s); logs in %s",
                  self.settings.frontend_port, self.settings.router_mode, len(self.workers), self.dtype, self.run_dir)
@@ -263,6 +286,9 @@ class Stack:
         self.children = []
         self.worker_children = {}
         self.frontend = None
+        if self._event_broker is not None:
+            self._event_broker.stop()
+            self._event_broker = None
 
     # ---- changes while running (pools: scaling and restarts) ----------------------------
 

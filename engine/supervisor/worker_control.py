@@ -1,7 +1,8 @@
 """Admin controls of one Dynamo vLLM worker: pause, weights, caches, LoRA adapters.
 
-Dynamo's vLLM worker serves these on its system port as `POST /engine/<route>`
-(`dynamo/vllm/handlers.py`): pause_generation / resume_generation,
+Dynamo's vLLM worker serves these as `POST /engine/<route>` (`dynamo/vllm/handlers.py`), ours on its control
+socket with the deployment's token, not on its system port (engine/worker/control_socket.py, the rule in
+engine/control_access.py): pause_generation / resume_generation,
 update_weights_from_disk (the worker must be paused; it resets the prefix cache
 itself), init_weights_update_group / update_weights_from_distributed (a trainer's broadcast), flush_cache, get/set_weight_version, load_lora / unload_lora. This
 module is a thin, typed client of those routes; the rollout order lives in
@@ -11,12 +12,13 @@ module is a thin, typed client of those routes; the rollout order lives in
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import httpx
 
+from engine.control_access import authorization
 from engine.ids import PolicyVersion, WorkerId
 from engine.weight_stamps import RunningKv
 
@@ -33,13 +35,16 @@ class WorkerControlError(RuntimeError):
 
 @dataclass(frozen=True)
 class WorkerHandle:
-    """How to reach one worker: its index in the stack, its system port and its Dynamo instance id."""
+    """How to reach one worker: its index in the stack, its system port (health, metrics), its Dynamo instance id,
+    and its admin routes: control socket and the deployment's token."""
 
     index: int
     system_port: int
     instance_id: WorkerId | None = None
     reload_rpc: str = CUDA_RELOAD_RPC  # the vLLM worker method that reloads weights in place
     role: str = "aggregated"           # or "prefill" / "decode" (engine/supervisor/disaggregation.py)
+    control_socket: Path | None = None
+    control_token: str = field(default="", repr=False)
 
     @property
     def name(self) -> str:
@@ -49,7 +54,7 @@ class WorkerHandle:
 class WorkerControl:
     def __init__(self, worker: WorkerHandle, timeout_s: float = 600.0):
         self.worker = worker
-        self._url = f"http://127.0.0.1:{worker.system_port}/engine"
+        self._url = "http://worker/engine"  # the host is a placeholder: the socket is the address
         self._timeout_s = timeout_s
 
     async def pause(self, mode: PauseMode) -> None:
@@ -104,9 +109,13 @@ class WorkerControl:
         await self._call("unload_lora", {"lora_name": name})
 
     async def _call(self, route: str, body: dict) -> dict:
+        if self.worker.control_socket is None:
+            raise WorkerControlError(f"{self.worker.name}: {route}: no control socket known for this worker")
         try:
-            async with httpx.AsyncClient(timeout=self._timeout_s) as http:
-                response = await http.post(f"{self._url}/{route}", json=body)
+            async with httpx.AsyncClient(timeout=self._timeout_s, transport=httpx.AsyncHTTPTransport(
+                    uds=str(self.worker.control_socket))) as http:
+                response = await http.post(f"{self._url}/{route}", json=body,
+                                           headers={"Authorization": authorization(self.worker.control_token)})
         except httpx.HTTPError as exc:
             raise WorkerControlError(f"{self.worker.name}: {route} failed: {exc!r}") from exc
         try:

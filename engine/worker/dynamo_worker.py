@@ -11,6 +11,7 @@ leaves out what nobody reads of logprob entries (their token text: the front doo
 the text itself; "top logprobs" that only repeat the sampled token),
 caches vLLM's environment settings once the engine is up (as vLLM's engine core does),
 warms the engine up with two requests of its own before the worker registers (so no user pays that),
+serves its admin routes on a control socket only the front door can use (engine/worker/control_socket.py),
 forks vLLM's engine core rather than spawning it (a spawned one imports torch and vLLM again), and on
 CPU runs the model inside that engine core (engine/worker/engine_core_placement.py).
 
@@ -29,7 +30,7 @@ import sys
 import time
 import types
 
-from engine.worker import engine_core_placement, gloo_weight_transfer, in_flight_updates
+from engine.worker import control_socket, engine_core_placement, gloo_weight_transfer, in_flight_updates
 
 log = logging.getLogger("rollout_serve.worker")
 WARM_UP_PROMPT = list(range(1, 9))  # with WARM_UP_TOKENS, shorter than any KV block: nothing is cached,
@@ -174,6 +175,7 @@ def main() -> None:
         engine_core_placement.run_model_runner_in_engine_core()
     gloo_weight_transfer.register()  # before vLLM builds its worker (in a process forked from this one)
     patch_dynamo()
+    control_socket.install()  # admin routes for the front door alone (its socket and token)
     sys.argv[0] = "dynamo.vllm"
     runpy.run_module("dynamo.vllm", run_name="__main__", alter_sys=True)
 

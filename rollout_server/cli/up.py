@@ -42,10 +42,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     from engine.supervisor.pools import PoolSet
     from engine.supervisor.ports import is_free
     from engine.supervisor.stack import Stack, StackStartError
+    from rollout_server.auth import is_loopback
     from rollout_server.tiny_model.builder import resolve_model
 
     settings = settings_from_args(args)
     engine, server = settings.engine, settings.server
+    if server.open_mode and not is_loopback(server.host):  # said before anything starts
+        log.error("--open-mode serves callers on loopback only, and --host %s is not a loopback address: start "
+                  "with --host 127.0.0.1, or without --open-mode and with keys (`rollout-serve keys create "
+                  "--team NAME`)", server.host)
+        return 2
     try:
         declared = load_pools(engine.pools.pools_file) if engine.pools.pools_file else []
     except PoolFileError as exc:
@@ -65,21 +71,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         stack.start()
         pools.launch()
         # The front door's own imports (transformers, FastAPI: seconds) overlap the engines' start-up.
-        import uvicorn
-
         from engine.supervisor.disaggregation import describe_workers
         from rollout_server.app import create_app
-        from rollout_server.http_protocol import HttpProtocol
-        from rollout_server.server import FrontDoorServer, build_app_state
+        from rollout_server.server import FrontDoorServer, build_app_state, uvicorn_config
 
         StackHealth(stack).wait_until_ready()
         pools.wait_until_ready()
         app = create_app(build_app_state(settings, model_dir, model_name, stack, pools))
         log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %s)", server.host, server.port,
                  model_name, describe_workers(engine))
-        config = uvicorn.Config(app, host=server.host, port=server.port, log_level="warning", access_log=False,
-                                http=HttpProtocol)
-        FrontDoorServer(config).run()
+        FrontDoorServer(uvicorn_config(app, server)).run()
         log.info("front door stopped")
     except StackStartError as exc:
         log.error("%s", exc)

@@ -23,8 +23,8 @@ MODEL = "tiny-qwen2"
 
 def start_pool_stack(tmp: Path, pools_toml: str, deployments: int, teams: tuple[str, ...] = (),
                      limits: dict[str, tuple[str, ...]] | None = None, **kwargs):
-    """A stack whose pools file is `pools_toml`; returns it and a key per team (open mode without teams).
-    `limits`: team -> `rollout-serve keys limit` options for its key."""
+    """A stack whose pools file is `pools_toml`; returns it and a key per team (open mode without teams: with
+    them, every request needs its team's key). `limits`: team -> `rollout-serve keys limit` options for its key."""
     tmp.mkdir(parents=True, exist_ok=True)
     pools_file = tmp / "pools.toml"
     pools_file.write_text(pools_toml)
@@ -38,7 +38,7 @@ def start_pool_stack(tmp: Path, pools_toml: str, deployments: int, teams: tuple[
     args = ["--pools-file", str(pools_file), "--pool-base-port", str(pool_ports)]
     if teams:
         args += ["--database-url", database_url]
-    return start_stack(tmp, extra_args=args, **kwargs), keys
+    return start_stack(tmp, extra_args=args, **{"open_mode": not teams, **kwargs}), keys
 
 
 def auth(key: str | None) -> dict:

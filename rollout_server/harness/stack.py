@@ -94,7 +94,10 @@ class RunningStack:
 
 
 def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = None,
-                extra_env: dict[str, str] | None = None, timeout_s: float = 420.0) -> RunningStack:
+                extra_env: dict[str, str] | None = None, timeout_s: float = 420.0,
+                open_mode: bool = True) -> RunningStack:
+    """A running `rollout-serve up`; `open_mode`: requests from this machine need no key (--open-mode), as most
+    tests and benchmarks send none; a key sent is still that key's team."""
     if os.environ.get(TEST_TIER_ENV) == "fast":
         raise RuntimeError("a test without the `stack` marker started a stack: mark it `stack`")
     tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -105,7 +108,10 @@ def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = 
         "--workers", str(workers), "--port", str(port), "--frontend-port", str(frontend_port),
         "--worker-system-base-port", str(base + 2), "--kv-events-base-port", str(base + 2 + workers),
         "--cache-dir", str(CACHE_DIR), "--state-dir", str(tmp_dir / "state"),
-        "--kv-cache-gib", "0.5",
+        # Tests and benchmarks write the checkpoints they deploy beside the stack's directory (pytest's base temp
+        # dir holds tmp_path and every mktemp), so that directory is a deploy root of the stacks started here.
+        "--deploy-checkpoint-roots", str(tmp_dir.resolve().parent),
+        "--kv-cache-gib", "0.5", "--open-mode" if open_mode else "--no-open-mode",
     ] + (extra_args or [])
     log_path = tmp_dir / "rollout-serve.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}

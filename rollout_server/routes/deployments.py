@@ -10,6 +10,8 @@
 
 A well-formed request that the pool's state refuses is a 409: another deploy running, a checkpoint that cannot be
 served (its files, or LoRA on workers without it), a version the registry refuses, no version to roll back to.
+A path the server may not read checkpoints from is a 400 naming the field: outside the deploy roots, or a file
+the checkpoint lists (a shard, a manifest entry, a symlink) that leads out of its directory.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Awaitable, Callable
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 
-from finetune_deploy.checkpoint_files import CheckpointError
+from finetune_deploy.checkpoint_files import CheckpointError, UnsafeCheckpointPath
 from finetune_deploy.executor import Deployer, DeployProgress, LoraDisabled
 from finetune_deploy.registry import RegisteredVersion, RegistryError
 from finetune_deploy.weight_transfer import WeightTransfer
@@ -185,6 +187,10 @@ async def _registration_answer(deploying: Awaitable[DeployProgress], update: Wei
     """A deploy of a new checkpoint; one the pool cannot take is a 409 naming the request field `param`."""
     try:
         return await worker_call(deploying)
+    except UnsafeCheckpointPath as exc:
+        # A path the server may not read from, however well formed: refused as a permission (403), not as input
+        raise APIError(403, f"Checkpoint path refused ({exc.field}): {exc.message}", param=param,
+                       code="checkpoint_path_not_allowed") from None
     except CheckpointError as exc:
         raise checkpoint_api_error(exc, param=param) from None
     except OSError as exc:  # a path the server cannot look into (a name too long, no permission)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from rollout_server.auth import Principal
 from rollout_server.errors import APIError, bad_request, error_responses
+from rollout_server.routes.admin import log_admin_action
 from rollout_server.times import unix_time
 from rollout_server.usage import GROUP_BY_FIELDS, UsageQuery, UsageStore, parse_group_by
 
@@ -31,11 +32,13 @@ def usage_router(store: UsageStore, principal_dependency: Callable[..., Principa
     router = APIRouter()
 
     @router.get("/v1/usage", responses=error_responses(400, 401, 403))
-    async def get_usage(since: str | None = Query(None, json_schema_extra=_TIME),
+    async def get_usage(request: Request, since: str | None = Query(None, json_schema_extra=_TIME),
                         until: str | None = Query(None, json_schema_extra=_TIME),
                         group_by: list[str] = Query([], json_schema_extra=_GROUP_BY),
                         team: str | None = None, key: str | None = None, model: str | None = None,
                         who: Principal = Depends(principal_dependency)):
+        if who.is_admin and team != who.team:  # another team's usage, or every team's
+            log_admin_action(request, who)
         query = UsageQuery(team=_team_for(who, team), key_prefix=key, model=model,
                            since=_time_param(since, "since"), until=_time_param(until, "until"),
                            group_by=_group_by_param(group_by))

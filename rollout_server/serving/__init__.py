@@ -4,6 +4,7 @@
     prompt_checks.py    the prompt against the vocabulary and the context window (400s naming the field)
     sampling.py         the request's sampling fields -> the engine's SamplingParams; tokens per engine message
     generation.py       Generation: sends one engine request, times and accumulates its choices
+    team_scope.py       TeamScope: each team's KV cache salt, its sessions and request ids, kept apart from others'
     streamed_answer.py  a streamed response's server-sent events, the stream's end in the last write
     finished.py         FinishedGeneration: what the metrics, usage, quotas and traces are built from
 """

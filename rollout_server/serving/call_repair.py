@@ -54,9 +54,9 @@ class CallRepair:
             log.info("request %s choice %d: call %d (%s) breaks its schema (%s); sampling it again (%d/%d)",
                      original.req.request_id, choice.index, invalid.index, invalid.name, invalid.reason, attempt,
                      ctx.settings.server.tool_call_retries)
-            retry = Generation(ctx, self._retry_request(original.req, kept, budget, attempt), who=who,
+            retry = Generation(ctx, self._retry_request(original.as_sent(), kept, budget, attempt), who=who,
                                endpoint=original.endpoint,
-                               request_body={**original.request_body, "retry_of": original.req.request_id},
+                               request_body={**original.request_body, "retry_of": original.request_id},
                                prompt_param=original.prompt_param, on_choice_finished=finish_choice)
             try:
                 await retry.start()

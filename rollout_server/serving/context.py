@@ -14,6 +14,7 @@ from rollout_server.metrics import Metrics
 from rollout_server.pool_access import Target, target
 from rollout_server.quotas import RateLimiter
 from rollout_server.serving.finished import FinishHook
+from rollout_server.serving.team_scope import TeamScope
 from rollout_server.settings import Settings
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tool_calls import GrammarCache, ToolCallFormat
@@ -32,12 +33,21 @@ class ServingContext:
     max_model_len: int
     on_finish: list[FinishHook] = field(default_factory=list)
     tool_format: ToolCallFormat | None = None     # from the chat template; None: the model cannot call tools
-    grammars: GrammarCache = field(default_factory=GrammarCache)
+    grammars: GrammarCache = None                 # type: ignore[assignment]  # None: made from settings.limits
     limiter: RateLimiter | None = None            # per-key requests/min and tokens/min
     pools: dict[str, PoolConfig] = field(  # name -> config, the default pool included
         default_factory=lambda: {DEFAULT_POOL: PoolConfig(name=DEFAULT_POOL, kind="shared")})
 
+    teams: TeamScope = field(init=False)          # each team's KV salt, its sessions and request ids (team_scope.py)
+
     _wrapping_up: set[asyncio.Task] = field(default_factory=set, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.grammars is None:
+            limits = self.settings.limits
+            self.grammars = GrammarCache(budget_bytes=int(limits.grammar_cache_mib * 2**20),
+                                         max_compiles=limits.max_grammar_compiles)
+        self.teams = TeamScope.from_settings(self.settings.server)
 
     @property
     def model_name(self) -> str:

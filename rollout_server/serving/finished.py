@@ -42,8 +42,8 @@ def policy_versions(tokens: list[SampledToken], first_index: int = 0) -> list[di
 
 @dataclass
 class FinishedGeneration:
-    request_id: RequestId | str
-    session_id: SessionId | str
+    request_id: RequestId | str        # as the client knows it
+    session_id: SessionId | str        # as the client named it
     team: str
     model: str
     endpoint: str                      # "chat.completions" | "completions" | "generate"
@@ -61,6 +61,7 @@ class FinishedGeneration:
     request_body: dict
     key_prefix: str | None = None      # None: open local mode (no key)
     pool: PoolName = DEFAULT_POOL
+    engine_request_id: str = ""        # as the engine and the rate limiter know it: scoped by team (team_scope.py)
 
 
 FinishHook = Callable[[FinishedGeneration], Awaitable[None]]

@@ -8,6 +8,8 @@ headers), then accumulates every choice: its text, exact token ids and logprobs,
   frontend) gets the serving worker's version, and an adapter's tokens get the adapter's. The version stamped
   on a response as a whole is its first token's;
 - engine errors become OpenAI errors here, in one place (`from_engine`);
+- the engine request is put in its team's namespace here, in one place (serving/team_scope.py: the team's KV
+  salt, its session and request ids); what the client sees, and the finish hooks record, are its own ids;
 - the answer goes out at the chunk that makes it whole; the rest of the engine stream and the bookkeeping
   (metrics, usage, quotas, traces) run afterwards, in a task of their own (`ServingContext.after_answer`).
 """
@@ -15,6 +17,7 @@ headers), then accumulates every choice: its text, exact token ids and logprobs,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import AsyncIterator, Callable
@@ -48,6 +51,10 @@ class Generation:
         self.prompt_param = prompt_param
         self.on_choice_finished = on_choice_finished
         self.choices: dict[int, ChoiceResult] = {}
+        self._as_sent = {"request_id": engine_request.request_id, "session_id": engine_request.session_id,
+                         "cache_salt": engine_request.cache_salt}  # the client's, before TeamScope.scope
+        ctx.teams.scope(engine_request, who.team)
+        self._claimed = False  # whether this generation holds its request id in TeamScope
         served_by = ctx.target(engine_request.model, who)
         engine_request.model, engine_request.pool = served_by.model.id, served_by.pool
         self.served: ServedModel = served_by.model
@@ -67,10 +74,16 @@ class Generation:
         surface before any response byte is sent and the serving worker is known for the headers."""
         if self.req.min_policy_version is not None:
             self.req.allowed_workers = self._workers_at_least(self.req.min_policy_version)
+        self.ctx.teams.claim(self.req.request_id, self.request_id)
+        self._claimed = True
         if self.ctx.limiter:
             n = self.req.sampling.n
-            await self.ctx.limiter.admit(self.who.key_prefix, self.req.request_id,
-                                         len(self.req.prompt_token_ids) + self.req.max_tokens * n)
+            try:
+                await self.ctx.limiter.admit(self.who.key_prefix, self.req.request_id,
+                                             len(self.req.prompt_token_ids) + self.req.max_tokens * n)
+            except BaseException:
+                self._release_id()
+                raise
         self.ctx.metrics.request_started(self.endpoint)
         self._chunks = self.ctx.client.stream(self.req)
         try:
@@ -98,6 +111,14 @@ class Generation:
         self.ctx.metrics.request_finished(self.endpoint, ok=False)
         if self.ctx.limiter:
             self.ctx.limiter.release(self.req.request_id)
+        self._release_id()
+
+    def _release_id(self) -> None:
+        """Frees the request id for the team's next request: once its reservation is closed (settled by the
+        finish hooks, or released), so that a new request under the same id never meets this one's."""
+        if self._claimed:
+            self._claimed = False
+            self.ctx.teams.release(self.req.request_id)
 
     async def _next_chunk(self) -> EngineChunk | None:
         try:
@@ -179,7 +200,10 @@ class Generation:
         except Exception as exc:
             log.warning("request %s: its engine stream failed after the answer was whole: %s", self.req.request_id, exc)
         self.ctx.metrics.request_finished(self.endpoint, ok=True)
-        await self._finish()
+        try:
+            await self._finish()
+        finally:
+            self._release_id()
 
     async def run_to_end(self) -> list[ChoiceResult]:
         async for _ in self.chunks():
@@ -198,11 +222,22 @@ class Generation:
             except Exception:
                 log.exception("finish hook failed for request %s", self.req.request_id)
 
+    @property
+    def request_id(self) -> str:
+        """The request's id as its client knows it."""
+        return self._as_sent["request_id"]
+
+    def as_sent(self) -> EngineRequest:
+        """The engine request with the client's ids and salt, as before it was put in its team's namespace: what a
+        request derived from this one (a tool call's repair) is built from."""
+        return dataclasses.replace(self.req, **self._as_sent)
+
     def finished(self) -> FinishedGeneration:
         choices = self.sorted_choices()
         completion = sum(len(c.tokens) for c in choices)
         return FinishedGeneration(
-            request_id=self.req.request_id, session_id=self.req.session_id or "", team=self.who.team,
+            request_id=self.request_id, engine_request_id=self.req.request_id,
+            session_id=self._as_sent["session_id"] or "", team=self.who.team,
             model=self.req.model, endpoint=self.endpoint, policy_version=self.policy_version,
             prompt_token_ids=self.req.prompt_token_ids, choices=choices, worker_id=self.worker_id,
             prompt_tokens=len(self.req.prompt_token_ids),
@@ -220,8 +255,8 @@ class Generation:
         return None if self.worker_id is None else str(self.worker_id)
 
     def response_headers(self) -> dict[str, str]:
-        headers = {"x-request-id": header_value(self.req.request_id), "x-policy-version": str(self.policy_version),
-                   "x-session-id": header_value(self.req.session_id or ""), "x-pool": self.req.pool}
+        headers = {"x-request-id": header_value(self.request_id), "x-policy-version": str(self.policy_version),
+                   "x-session-id": header_value(self._as_sent["session_id"] or ""), "x-pool": self.req.pool}
         if self.worker_id is not None:
             headers["x-worker-id"] = self.worker_text
         return headers

@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import signal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,9 +22,22 @@ pytestmark = pytest.mark.stack
 MODEL = "tiny-qwen2"
 
 
+def event_broker_url(stack) -> str:
+    """The deployment's KV-event broker (a thread of the stack's front door), as its workers were told it."""
+    for pid in stack.child_pids():
+        try:
+            environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in environ:
+            if entry.startswith(b"DYN_ZMQ_BROKER_URL="):
+                return entry.split(b"=", 1)[1].decode()
+    raise AssertionError("no process of the stack names its event broker")
+
+
 def embedded_client(stack) -> EmbeddedRouterClient:
     discovery = stack.state_dir / f"stack-{stack.frontend_url.rsplit(':', 1)[1]}" / "discovery"
-    env = {**dynamo_env(EngineSettings(), discovery), "DYN_LOG": "warn"}
+    env = {**dynamo_env(EngineSettings(), discovery, event_broker_url(stack)), "DYN_LOG": "warn"}
     return EmbeddedRouterClient(env=env, discovery_backend="file", model_dir=trained_tiny_model(),
                                 served_model_name=MODEL, block_size=EngineSettings().block_size, session_affinity_ttl_s=60)
 

@@ -80,11 +80,13 @@ def served(tmp_path_factory):
         return []
 
     database = open_database(url)
-    state = AppState(ctx=ctx, auth=Authenticator(KeyStore(database)), usage=UsageRecorder(UsageStore(database)),
+    state = AppState(ctx=ctx, auth=Authenticator(KeyStore(database), open_mode=True),
+                     usage=UsageRecorder(UsageStore(database)),
                      traces=TraceHook(TraceCapture(TraceSettings(dir=tmp / "traces"))),
-                     deployer=Deployer(registry, models, no_workers, DeploySettings()),
+                     # Every path under a deploy root: this module checks the schema, tests/security the roots
+                     deployer=Deployer(registry, models, no_workers, DeploySettings(checkpoint_roots=["/"])),
                      batches=batch_runner(settings, ctx))
-    yield TestClient(create_app(state)), tokenizer
+    yield TestClient(create_app(state), client=("127.0.0.1", 50000)), tokenizer  # open mode serves loopback
     asyncio.run(ctx.client.close())
 
 
@@ -100,7 +102,7 @@ def operations(document):
 
 
 def test_every_route_the_app_serves_is_in_the_document(served, document):
-    fastapi_app = served[0].app.app  # behind the generation routes
+    fastapi_app = served[0].app.app.app  # behind the body deadline and the generation routes
     served_routes = {(method.lower(), route.path_format) for route in fastapi_app.routes
                      if isinstance(route, APIRoute) for method in route.methods}
     served_routes |= {("post", path) for path in GENERATION_ROUTES}
@@ -141,7 +143,7 @@ def test_each_route_lists_the_statuses_its_handler_answers(document):
     def statuses(method, path):
         return set(document["paths"][path][method]["responses"])
     for path in GENERATION_ROUTES:
-        assert statuses("post", path) == {"200", "400", "401", "403", "404", "413", "429", "503", "504"}
+        assert statuses("post", path) == {"200", "400", "401", "403", "404", "409", "413", "429", "503", "504"}
         assert set(document["paths"][path]["post"]["responses"]["200"]["content"]) == {
             "application/json", "text/event-stream"}
     assert statuses("post", "/v1/admin/deployments") == {"200", "202", "400", "401", "403", "404", "409", "413",

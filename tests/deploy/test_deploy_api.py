@@ -50,7 +50,7 @@ def deploy_app(tmp_path, base_dir, registry_class=CheckpointRegistry):
     registry = registry_class(create_engine(url))
     registry.register_base("default", base_dir, "tiny-qwen2")
     models = ModelTable("tiny-qwen2", 0, str(base_dir))
-    deployer = Deployer(registry, models, no_workers_double, DeploySettings())
+    deployer = Deployer(registry, models, no_workers_double, DeploySettings(checkpoint_roots=[tmp_path]))
     ctx = ServingContext(settings=Settings(database_url=url), tokenizer=None, client=None, metrics=Metrics(),
                          models=models, max_model_len=32768)
     app = create_app(AppState(ctx=ctx, auth=Authenticator(keys), deployer=deployer))
@@ -102,9 +102,10 @@ def test_requests_are_validated_naming_the_field(app_and_keys, tmp_path, finetun
     assert [(v["version"], v["status"]) for v in listed["data"]] == [(0, "serving")]
 
 
-def test_a_path_the_server_cannot_look_into_is_a_refused_checkpoint(app_and_keys):
+def test_a_path_the_server_cannot_look_into_is_a_refused_checkpoint(app_and_keys, tmp_path):
     app, admin, _ = app_and_keys
-    for body in ({"path": "/" + "x" * 300}, {"path": "/" + "x" * 300, "as": "full"}):
+    too_long = str(tmp_path / ("x" * 300))  # under the deploy root: outside, the path itself is refused first
+    for body in ({"path": too_long}, {"path": too_long, "as": "full"}):
         answer = app.post("/v1/admin/deployments", json=body, headers=admin)  # ENAMETOOLONG, not a 500
         error = answer.json()["error"]
         assert (answer.status_code, error["code"], error["param"]) == (409, "invalid_checkpoint", "path")

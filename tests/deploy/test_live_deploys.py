@@ -128,7 +128,9 @@ def test_unfit_checkpoints_are_refused_and_the_pool_keeps_serving(stack, checkpo
     refused = admin_post(stack, "/v1/admin/deployments", {"path": str(wrong_shape)})
     assert refused.status_code == 409 and embeddings in refused.json()["error"]["message"]
 
-    missing = admin_post(stack, "/v1/admin/deployments", {"path": "/nowhere/at/all", "pool": "default"})
+    # Under a deploy root (the harness's), or the path itself is refused first: tests/security/test_deploy_paths.py
+    nowhere = str(checkpoints["root"] / "nowhere")
+    missing = admin_post(stack, "/v1/admin/deployments", {"path": nowhere, "pool": "default"})
     assert missing.status_code == 409 and missing.json()["error"]["param"] == "path"
     other_pool = admin_post(stack, "/v1/admin/deployments", {"path": str(unfinished), "pool": "gpu-east"})
     assert other_pool.status_code == 404 and other_pool.json()["error"]["param"] == "pool"

@@ -59,7 +59,7 @@ def test_bad_requests_raise_and_are_not_cached(fmt):
             assert caught.value.param == "tool_choice"
         return cache
 
-    assert len(asyncio.run(scenario())._tags) == 0
+    assert len(asyncio.run(scenario()).compiled) == 0
 
 
 def test_schema_xgrammar_cannot_compile_is_a_request_error(fmt):
@@ -70,14 +70,19 @@ def test_schema_xgrammar_cannot_compile_is_a_request_error(fmt):
     assert caught.value.param == "tools"
 
 
-def test_oldest_entries_are_evicted(fmt):
-    async def scenario():
-        cache = GrammarCache(max_entries=2)
+def test_entries_past_the_byte_budget_are_evicted_oldest_first(fmt):
+    async def scenario(budget_bytes: int):
+        cache = GrammarCache(budget_bytes=budget_bytes)
         for name in ("a", "b", "c"):
             await cache.get([function_tool(name, {})], "auto", True, fmt)
         return cache
 
-    assert len(asyncio.run(scenario())._tags) == 2
+    whole = asyncio.run(scenario(2**20))
+    assert len(whole.compiled) == 3
+    entry = whole.compiled.size_bytes // 3  # three tool sets alike but for a one-letter name
+    cache = asyncio.run(scenario(2 * entry + entry // 2))
+    assert len(cache.compiled) == 2 and cache.compiled.size_bytes <= 2 * entry + entry // 2
+    assert asyncio.run(scenario(entry // 2)).compiled.size_bytes == 0  # larger than the whole budget: not kept
 
 
 async def longest_loop_stall(work) -> tuple[float, float]:

@@ -1,5 +1,5 @@
-"""API keys: hashed at rest, mapped to teams, open local mode only while no key exists; changes made with
-`rollout-serve keys` reach a running server within its recheck delay, read off the event loop."""
+"""API keys: hashed at rest, mapped to teams; open local mode only when set, for loopback callers; changes made
+with `rollout-serve keys` reach a running server within its recheck delay, read off the event loop."""
 
 import asyncio
 import threading
@@ -13,7 +13,7 @@ from engine.supervisor.pool_config import PoolConfig
 from engine.supervisor.pools import Deployment, Pool, PoolSet
 from finetune_deploy.served_models import ModelTable
 from rollout_server.app import AppState, create_app
-from rollout_server.auth import Authenticator, KeyStore, open_database
+from rollout_server.auth import OPEN_MODE_PRINCIPAL, Authenticator, KeyStore, open_database
 from rollout_server.harness.stack import create_key, free_port_block
 from rollout_server.metrics import Metrics
 from rollout_server.serving.context import ServingContext
@@ -28,15 +28,17 @@ def model_dir():
     return untrained_tiny_model()
 
 
-def make_app(model_dir, database_url: str, clock=None) -> TestClient:
+def make_app(model_dir, database_url: str, clock=None, open_mode: bool = False) -> TestClient:
+    """The front door without an engine behind it; its test client calls from loopback."""
     settings = Settings(database_url=database_url)
     nowhere = f"http://127.0.0.1:{free_port_block(1)}"  # no engine listens here: requests must fail cleanly
     pool = Pool(PoolConfig(name="default", kind="shared"), [Deployment("default/0", None, DynamoFrontendClient(nowhere, 10), 1)])
     client = Dispatcher(PoolSet(settings, [pool]), retry_delay_s=0.01)
     ctx = ServingContext(settings=settings, tokenizer=ModelTokenizer(model_dir), client=client,
                          metrics=Metrics(), models=ModelTable("tiny-qwen2", 0, str(model_dir)), max_model_len=32768)
-    auth = Authenticator(KeyStore(open_database(database_url)), recheck_s=2.0, clock=clock or ManualClock())
-    return TestClient(create_app(AppState(ctx=ctx, auth=auth)))
+    auth = Authenticator(KeyStore(open_database(database_url)), recheck_s=2.0, clock=clock or ManualClock(),
+                         open_mode=open_mode)
+    return TestClient(create_app(AppState(ctx=ctx, auth=auth)), client=("127.0.0.1", 50000))
 
 
 def test_keys_map_to_teams_and_are_stored_hashed(tmp_path, model_dir):
@@ -60,7 +62,7 @@ def test_keys_map_to_teams_and_are_stored_hashed(tmp_path, model_dir):
 
 
 def test_open_mode_without_keys_and_503_when_the_engine_is_unreachable(tmp_path, model_dir):
-    with make_app(model_dir, f"sqlite:///{tmp_path / 'empty.db'}") as app:  # its shutdown closes the engine client
+    with make_app(model_dir, f"sqlite:///{tmp_path / 'empty.db'}", open_mode=True) as app:  # its shutdown closes the engine client
         assert app.get("/v1/models").status_code == 200
         resp = app.post("/v1/chat/completions", json={"model": "tiny-qwen2", "max_tokens": 2,
                                                       "messages": [{"role": "user", "content": "hi"}]})
@@ -85,19 +87,17 @@ def test_a_key_revoked_while_the_server_runs_stops_working_within_the_recheck_de
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_the_first_key_ends_open_mode_and_a_new_key_works_at_once(tmp_path, model_dir):
+def test_a_new_key_works_at_once_and_in_open_mode_a_key_is_its_team(tmp_path, model_dir):
     url = f"sqlite:///{tmp_path / 'keys.db'}"
-    clock = ManualClock()
-    app = make_app(model_dir, url, clock)
-    assert app.get("/v1/models").status_code == 200  # open mode
+    closed = make_app(model_dir, url)
+    assert closed.get("/v1/models").status_code == 401  # no key yet, and open mode is off
+    first = create_key(url, "team-a")  # never read before: looked up on its first use
+    assert closed.get("/v1/models", headers={"Authorization": f"Bearer {first}"}).status_code == 200
 
-    first = create_key(url, "team-a")
-    assert app.get("/v1/models").status_code == 200  # open mode was read 0 s ago: still trusted
-    clock.advance(2)
-    assert app.get("/v1/models").status_code == 401
-    assert app.get("/v1/models", headers={"Authorization": f"Bearer {first}"}).status_code == 200
-    second = create_key(url, "team-b")  # never read before: looked up on its first use
-    assert app.get("/v1/models", headers={"Authorization": f"Bearer {second}"}).status_code == 200
+    open_mode = Authenticator(KeyStore(open_database(url)), open_mode=True)
+    assert asyncio.run(open_mode.authenticate(None, "127.0.0.1")) == OPEN_MODE_PRINCIPAL
+    assert asyncio.run(open_mode.authenticate("Bearer placeholder", "::1")) == OPEN_MODE_PRINCIPAL
+    assert asyncio.run(open_mode.authenticate(f"Bearer {first}", "127.0.0.1")).team == "team-a"
 
 
 class ThreadRecordingKeyStore(KeyStore):

@@ -1,5 +1,6 @@
-"""The generation routes served in front of FastAPI answer as FastAPI did: the body is read and parsed first,
-then the key checked, then the fields; every refusal is an OpenAI error; other requests reach the app."""
+"""The generation routes served in front of FastAPI answer as FastAPI did, except that the key is checked first,
+before the body is read and parsed, then the fields; every refusal is an OpenAI error; other requests reach the
+app."""
 
 import pytest
 from fastapi.responses import JSONResponse
@@ -48,11 +49,12 @@ def test_a_valid_request_reaches_its_handler_validated_with_its_caller_and_sessi
     assert resp.json() == {"team": "team-a", "session": "s1", "max_tokens": 3}
 
 
-def test_the_body_is_checked_before_the_key_and_the_key_before_the_fields(served):
+def test_the_key_is_checked_before_the_body_and_the_body_before_the_fields(served):
     client, key = served
-    malformed = client.post("/v1/completions", content=b'{"model": ', headers={"content-type": "application/json"})
-    assert error_of(malformed, 400)["code"] == "invalid_json"
-    assert error_of(client.post("/v1/completions", json={**BODY, "max_tokens": -1}), 401)["code"] == "missing_api_key"
+    malformed = {"content": b'{"model": ', "headers": {"content-type": "application/json"}}
+    assert error_of(client.post("/v1/completions", **malformed), 401)["code"] == "missing_api_key"
+    headers = {**malformed["headers"], **key}
+    assert error_of(client.post("/v1/completions", content=malformed["content"], headers=headers), 400)["code"] == "invalid_json"
     wrong = error_of(client.post("/v1/completions", json={**BODY, "max_tokens": -1}, headers=key), 400)
     assert wrong["param"] == "max_tokens"
     missing = error_of(client.post("/v1/completions", json={"prompt": "hi"}, headers=key), 400)
@@ -92,7 +94,8 @@ def test_another_method_is_a_405_naming_post(served):
     assert error_of(resp, 405)["type"] == "invalid_request_error" and resp.headers["allow"] == "POST"
 
 
-def test_every_other_request_goes_to_the_app(served):
-    client, _ = served
+def test_every_other_request_goes_to_the_app_a_request_with_a_body_once_authenticated(served):
+    client, key = served
     assert client.get("/v1/models").text == "the app: /v1/models"
-    assert client.post("/v1/completions/", json=BODY).text == "the app: /v1/completions/"
+    assert client.post("/v1/completions/", json=BODY, headers=key).text == "the app: /v1/completions/"
+    assert error_of(client.post("/v1/completions/", json=BODY), 401)["code"] == "missing_api_key"

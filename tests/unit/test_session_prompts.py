@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from rollout_server.auth import Principal
 from rollout_server.protocol import TokenizeRequest
 from rollout_server.session_prompts import SessionPrompts, cut_markers_of, session_prompts_for
+from rollout_server.settings import Settings
 from rollout_server.tokenization import tokenize
 from rollout_server.tokenizer import ModelTokenizer
 from rollout_server.tool_calls.grammar_cache import GrammarCache
@@ -88,7 +89,7 @@ def test_a_session_id_is_kept_per_team():
     """Team B naming team A's session gets no head start from A's prompt (nor a way to time a guess at it)."""
     tok = tokenizer(2_000_000)  # a tokenizer of its own: counts from other tests do not interfere
     ctx = SimpleNamespace(tokenizer=tok, max_model_len=32768, tool_format=None,  # test double: ServingContext
-                          grammars=GrammarCache())
+                          grammars=GrammarCache(), settings=Settings())
     first, second = agent_turns(2)
 
     def tokenize_as(team: str, messages: list[dict]) -> int:

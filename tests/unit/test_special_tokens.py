@@ -9,6 +9,7 @@ from tokenizers import processors
 from rollout_server.auth import Principal
 from rollout_server.completions import _prompts_as_ids
 from rollout_server.protocol import TokenizeRequest
+from rollout_server.settings import Settings
 from rollout_server.tokenization import tokenize
 from rollout_server.tokenizer import ModelTokenizer
 from tests.tiny_models import untrained_tiny_model
@@ -28,7 +29,7 @@ def tokenizer_with_bos() -> tuple[ModelTokenizer, int]:
 
 def context_double(tokenizer: ModelTokenizer) -> SimpleNamespace:
     """Test double for ServingContext: what the tokenizing paths read."""
-    return SimpleNamespace(tokenizer=tokenizer, max_model_len=32768, tool_format=None)
+    return SimpleNamespace(tokenizer=tokenizer, max_model_len=32768, tool_format=None, settings=Settings())
 
 
 def test_completions_text_prompts_get_the_bos_unless_told_not_to():

@@ -59,7 +59,8 @@ def serve(model_dir, tmp_path, log: list, **double) -> tuple:
         log.append(f"hook: {finished.completion_tokens} tokens")
 
     ctx.on_finish.append(hook)
-    app = create_app(AppState(ctx=ctx, auth=Authenticator(KeyStore(open_database(settings.state.database_url)))))
+    auth = Authenticator(KeyStore(open_database(settings.state.database_url)), open_mode=True)
+    app = create_app(AppState(ctx=ctx, auth=auth))
     return app, ctx
 
 
@@ -80,7 +81,7 @@ def run(app, ctx, log: list, body: dict) -> tuple[int, bytes]:
                 log.append("answered")
 
     scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"content-type", b"application/json")],
-             "query_string": b"", "scheme": "http", "server": ("test", 80), "client": ("test", 1), "root_path": "",
+             "query_string": b"", "scheme": "http", "server": ("test", 80), "client": ("127.0.0.1", 1), "root_path": "",
              "http_version": "1.1", "asgi": {"version": "3.0"}}
 
     async def go():

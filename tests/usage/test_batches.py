@@ -34,10 +34,10 @@ class RecordingExecute:
         self.notify_after = notify_after
         self.reached = asyncio.Event()    # set once notify_after requests have started
 
-    async def __call__(self, url: str, body: dict, team: str) -> tuple[int, dict]:
+    async def __call__(self, url: str, body: dict, who) -> tuple[int, dict]:
         custom_id = body["user"]
         self.calls.append(custom_id)
-        self.teams.add(team)
+        self.teams.add(who.team)
         if self.notify_after is not None and len(self.calls) >= self.notify_after:
             self.reached.set()
         self.running += 1

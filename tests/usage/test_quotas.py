@@ -99,7 +99,7 @@ def test_on_finish_settles_with_prompt_plus_completion_tokens():
         request_id="chatcmpl-1", session_id="s", team="t", model="m", endpoint="chat.completions",
         policy_version=0, prompt_token_ids=[1] * 100, choices=[], worker_id=None, prompt_tokens=100,
         completion_tokens=50, cached_tokens=0, created_at=0.0, ttft_s=None, inter_token_s=[], total_s=1.0,
-        request_body={})
+        request_body={}, engine_request_id="chatcmpl-1")
     asyncio.run(limiter.on_finish(finished))
     assert limiter.open_reservations == 0
     admit(limiter, "rs-key1", "chatcmpl-2", 850)    # 1000 - 150 used = 850 available
