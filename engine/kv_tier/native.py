@@ -9,6 +9,11 @@ libcudart comes from PyPI (nvidia-cuda-runtime-cu12).
 Python processes preload these by absolute path before importing mooncake.store (the dynamic
 loader then matches Mooncake's dependencies by soname); the mooncake_master and mooncake_client
 binaries get them through LD_LIBRARY_PATH.
+
+Mooncake also binds its P2P handshake listener to 0.0.0.0 and its TCP transport to [::], hard-coded.
+Every process that runs Mooncake (the master, the segment holder, each worker whose engine core
+holds a store client) starts with `bind_guard_env()`: loopback_bind.c, built by scripts/bootstrap,
+preloaded so that those wildcard binds land on one address instead.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from pathlib import Path
 NATIVE_DIR = Path(sys.prefix) / "lib" / "mooncake-native"
 # Dependencies first: libibverbs needs libnl, libmlx5 needs libibverbs.
 PRELOAD_ORDER = ("libnl-3.so.200", "libnl-route-3.so.200", "libibverbs.so.1", "libmlx5.so.1", "libcuda.so.1")
+BIND_GUARD = NATIVE_DIR / "libloopback_bind.so"
+BIND_HOST_ENV = "ROLLOUT_SERVE_BIND_HOST"  # where BIND_GUARD puts a wildcard bind (an IPv4 address)
 
 
 class MooncakeUnavailable(RuntimeError):
@@ -58,6 +65,15 @@ def library_path_env() -> dict[str, str]:
     dirs = [str(d) for d in (NATIVE_DIR, cudart_dir()) if d is not None and d.exists()]
     inherited = os.environ.get("LD_LIBRARY_PATH")
     return {"LD_LIBRARY_PATH": ":".join(dirs + ([inherited] if inherited else []))}
+
+
+def bind_guard_env(host: str) -> dict[str, str]:
+    """The environment of a process whose wildcard binds must land on `host` (module docstring)."""
+    if not BIND_GUARD.exists():
+        raise MooncakeUnavailable(f"{BIND_GUARD} is missing (it keeps Mooncake's listeners off the network): "
+                                  "run scripts/bootstrap")
+    preload = " ".join(filter(None, (str(BIND_GUARD), os.environ.get("LD_PRELOAD"))))
+    return {"LD_PRELOAD": preload, BIND_HOST_ENV: host}
 
 
 @cache

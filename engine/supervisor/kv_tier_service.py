@@ -4,9 +4,10 @@
     mooncake_client   holds `capacity_gib` of host memory as the store's one segment; the
                       workers' store clients (segment size 0) put and get objects in it over TCP
 
-Metadata travels by Mooncake's P2P handshake (no etcd, no HTTP metadata server). Mooncake 0.3.13
-binds its transfer-engine data and handshake listeners to every interface whatever we ask (the
-ports are picked at run time); only the master's RPC and metrics ports are bound to 127.0.0.1.
+Metadata travels by Mooncake's P2P handshake (no etcd, no HTTP metadata server). Every listener
+is on loopback: the master's RPC and metrics ports by its flags, the handshake and transfer
+listeners (ports picked at run time, bound to every interface by Mooncake 0.3.13 whatever it is
+told) by the bind guard each Mooncake process starts with (engine/kv_tier/native.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from engine.supervisor.processes import ProcessSpec
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1", "MC_LOG_LEVEL": "WARNING"}
 
 
+def mooncake_env() -> dict[str, str]:
+    """The environment of a process that runs Mooncake: its settings, and its wildcard binds kept on loopback."""
+    return {**MOONCAKE_ENV, **native.bind_guard_env("127.0.0.1")}
+
+
 def master_spec(tier: KvTierSettings, run_dir: Path) -> ProcessSpec:
     argv = [
         str(native.binary("mooncake_master")),
@@ -33,7 +39,7 @@ def master_spec(tier: KvTierSettings, run_dir: Path) -> ProcessSpec:
         "-http_metadata_server_host=127.0.0.1",  # unused (P2P handshake); keep it off the network anyway
         "-logtostderr",
     ]
-    return ProcessSpec("kv-tier-master", argv, {**native.library_path_env(), **MOONCAKE_ENV},
+    return ProcessSpec("kv-tier-master", argv, {**native.library_path_env(), **mooncake_env()},
                        run_dir / "kv-tier-master.log")
 
 
@@ -46,13 +52,13 @@ def holder_spec(tier: KvTierSettings, run_dir: Path) -> ProcessSpec:
         f"-global_segment_size={tier.capacity_bytes}",
         "-logtostderr",
     ]
-    return ProcessSpec("kv-tier-holder", argv, {**native.library_path_env(), **MOONCAKE_ENV},
+    return ProcessSpec("kv-tier-holder", argv, {**native.library_path_env(), **mooncake_env()},
                        run_dir / "kv-tier-holder.log")
 
 
 def worker_env() -> dict[str, str]:
     """Environment of a vLLM worker whose connector talks to the tier."""
-    return dict(MOONCAKE_ENV)
+    return mooncake_env()
 
 
 @dataclass(frozen=True)

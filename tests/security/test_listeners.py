@@ -3,7 +3,7 @@ port too: the harness serves it on 127.0.0.1).
 
 The sockets are read from /proc: each process's open socket inodes (/proc/PID/fd), matched against the
 listening rows (state 0A) of /proc/PID/net/tcp and tcp6, for the front door and every process of its tree.
-Still open with the KV tier on: Mooncake's listeners (the strict xfail below)."""
+With the KV tier on, Mooncake's listeners too (their binds are guarded: engine/kv_tier/native.py)."""
 
 import ipaddress
 import os
@@ -91,9 +91,6 @@ def test_every_internal_listener_of_a_running_stack_binds_loopback(served_stack)
     assert stream_completion(served_stack.url, served_stack.model)
 
 
-@pytest.mark.xfail(strict=True, reason="Mooncake 0.3.13 (the KV tier) binds its P2P handshake listener on 0.0.0.0 "
-                                       "and its TCP transport on [::] whatever it is told (hard-coded INADDR_ANY / "
-                                       "tcp::v6() in transfer_metadata_plugin.cpp and tcp_transport)")
 def test_with_the_kv_tier_every_internal_listener_binds_loopback(tmp_path_factory):
     tier = KvTierSettings(enabled=True, capacity_gib=0.25, nvfp4=False, port_base=free_port_block(3, start=32400))
     stack = start_stack(tmp_path_factory.mktemp("security-tier"), workers=1, extra_env=tier.as_env())
