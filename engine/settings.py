@@ -44,6 +44,11 @@ class DisaggregationSettings(BaseModel):
     nixl_progress_thread: bool = Field(
         False, description="CPU workers: keep NIXL's UCX progress thread (it busy-polls the worker's core; "
                            "without it UCX progresses whenever vLLM checks a transfer). GPU workers always keep it")
+    kv_layout: Literal["BLHNC", "LBHNC"] = Field(
+        "BLHNC",
+        description="KV cache layout of prefill and decode workers: BLHNC (block-major: a block of every layer is "
+                    "one NIXL descriptor, engine/worker/block_major_kv.py) or LBHNC (vLLM's layer-major default: "
+                    "one descriptor per layer and block)")
     disagg_kv_lease_s: int = Field(
         300, ge=10,
         description="how long a prefill worker keeps a request's KV for its decode worker to read (vLLM's "

@@ -20,7 +20,7 @@ import os
 from typing import Literal
 
 from engine.settings import DisaggregationSettings, EngineSettings
-from engine.worker import nixl_progress
+from engine.worker import block_major_kv, nixl_progress
 
 Role = Literal["aggregated", "prefill", "decode"]
 
@@ -65,12 +65,17 @@ def worker_args(role: Role, settings: DisaggregationSettings) -> list[str]:
     return ["--disaggregation-mode", role, "--kv-transfer-config", nixl_transfer_config(settings)]
 
 
-def worker_env(role: Role, nixl_port: int | None, progress_thread: bool = True) -> dict[str, str]:
+def worker_env(role: Role, nixl_port: int | None, settings: DisaggregationSettings,
+               progress_thread: bool = True) -> dict[str, str]:
     """NIXL's handshake (side channel) and UCX stay on loopback; one side-channel port per worker.
-    Without `progress_thread`, NIXL agents run without their busy-polling thread (engine/worker/nixl_progress.py)."""
+    Without `progress_thread`, NIXL agents run without their busy-polling thread (engine/worker/nixl_progress.py).
+    Prefill and decode workers allocate their KV cache in `settings.kv_layout` (vLLM's VLLM_KV_CACHE_LAYOUT;
+    block-major also needs engine/worker/block_major_kv.py)."""
     if role == "aggregated" or nixl_port is None:
         return {}
     env = {
+        "VLLM_KV_CACHE_LAYOUT": settings.kv_layout,
+        block_major_kv.SWITCH: settings.kv_layout,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(nixl_port),
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
         "VLLM_HOST_IP": "127.0.0.1",

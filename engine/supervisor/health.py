@@ -153,6 +153,33 @@ def vllm_counter(system_port: int, name: str, **labels: str) -> float:
     return metric_total(LOOPBACK.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text, name, **labels)
 
 
+def vllm_quantile(system_port: int, name: str, q: float) -> float | None:
+    """The q-quantile of a vLLM histogram on a worker's system port (histogram_quantile)."""
+    return histogram_quantile(LOOPBACK.get(f"http://127.0.0.1:{system_port}/metrics", timeout=10).text, name, q)
+
+
+def histogram_quantile(text: str, name: str, q: float) -> float | None:
+    """The q-quantile of a vLLM histogram in a Prometheus text page, over all its label sets, as Prometheus'
+    histogram_quantile computes it (linear within the bucket that holds it); None without observations."""
+    counts: dict[float, float] = {}
+    for line in text.splitlines():
+        match = _VLLM_SAMPLE.match(line)
+        if match and match.group(1) == f"{name}_bucket":
+            bound = re.search(r'le="([^"]+)"', match.group(2) or "").group(1)
+            counts[float(bound)] = counts.get(float(bound), 0.0) + float(match.group(3))
+    bounds = sorted(counts)
+    if not bounds or counts[bounds[-1]] == 0:
+        return None
+    rank, lower, below = q * counts[bounds[-1]], 0.0, 0.0
+    for bound in bounds:
+        if counts[bound] >= rank:
+            if bound == float("inf"):
+                return lower  # beyond the last finite bound: that bound, as Prometheus says
+            return lower + (bound - lower) * (rank - below) / max(counts[bound] - below, 1e-12)
+        lower, below = bound, counts[bound]
+    return lower
+
+
 def metric_total(text: str, name: str, **labels: str) -> float:
     """The sum of a vLLM metric's samples in a Prometheus text page whose labels include `labels`."""
     total = 0.0

@@ -35,6 +35,11 @@ from engine.weight_stamps import VERSION_ENV
 
 log = logging.getLogger(__name__)
 
+# vLLM's request-latency histograms (queue, prefill, decode, end to end) start at 0.3 s; queue and prefill times
+# of ms matter here (docs/benchmarks.md reads prefill queue time from them), so their buckets start at 1 ms.
+LATENCY_BUCKETS = {"request_latency": [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                                       10.0, 20.0, 40.0, 80.0, 160.0, 320.0]}
+
 
 class StackStartError(RuntimeError):
     pass
@@ -158,6 +163,7 @@ class Stack:
             "--block-size", str(self.settings.block_size),
             "--max-model-len", str(self.settings.max_model_len),
             "--dtype", self.dtype,
+            "--custom-histogram-buckets", json.dumps(LATENCY_BUCKETS),
             "--kv-events-config", json.dumps(kv_events),
             "--kv-cache-memory-bytes", str(int(self.settings.kv_cache_gib * 2**30)),
             "--discovery-backend", self.settings.discovery_backend,
@@ -180,7 +186,7 @@ class Stack:
             VERSION_ENV: str(self.policy_version),  # every token is stamped with its weights
             SOCKET_ENV: str(self.control_socket(worker.index)),
             TOKEN_ENV: self.control_token,
-            **disaggregation.worker_env(worker.role, worker.nixl_port,
+            **disaggregation.worker_env(worker.role, worker.nixl_port, self.settings.disaggregation,
                                         progress_thread=has_cuda() or self.settings.disaggregation.nixl_progress_thread),
         }
         if lora.enable_lora:

@@ -7,7 +7,9 @@ a core busy polling UCX, which would starve the other tests' stacks.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -52,6 +54,39 @@ def reference_tokens(url: str) -> dict[str, list[int]]:
     return out
 
 
+# The first cold prompt a fresh disaggregated stack serves: stacks that differ only in KV layout allocate the same
+# blocks for it, so its NIXL transfer moves the same bytes in the same runs of blocks.
+PROBE_PROMPT = token_prompt(1500, 9)
+NIXL_COUNTERS = {"transfers": "vllm:nixl_xfer_time_seconds_count", "seconds": "vllm:nixl_xfer_time_seconds_sum",
+                 "descriptors": "vllm:nixl_num_descriptors_sum", "bytes": "vllm:nixl_bytes_transferred_sum"}
+
+
+@dataclass(frozen=True)
+class ProbeTransfer:
+    """The probe's greedy tokens and its KV transfer as the decode workers' NIXL telemetry counted it."""
+    tokens: list[int]
+    transfers: float
+    descriptors: float
+    bytes: float
+
+
+def nixl_totals(decode_ports: list[int]) -> dict[str, float]:
+    """vLLM's NIXL transfer telemetry (vllm:nixl_* histograms' counts and sums) over the decode workers."""
+    return {key: sum(vllm_counter(port, name) for port in decode_ports) for key, name in NIXL_COUNTERS.items()}
+
+
+def probe_transfer(url: str, decode_ports: list[int]) -> ProbeTransfer:
+    before = nixl_totals(decode_ports)
+    resp = complete(url, PROBE_PROMPT, GREEDY_MAX_TOKENS, ignore_eos=True)
+    assert resp.status_code == 200, resp.text
+    deadline = time.monotonic() + 30  # the telemetry reaches /metrics with the engine's next stats update
+    while (after := nixl_totals(decode_ports))["transfers"] == before["transfers"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    delta = {key: after[key] - before[key] for key in after}
+    return ProbeTransfer(resp.json()["choices"][0]["token_ids"], delta["transfers"], delta["descriptors"],
+                         delta["bytes"])
+
+
 @dataclass
 class WorkerPorts:
     role: str
@@ -63,6 +98,7 @@ class WorkerPorts:
 class DisaggStack:
     running: RunningStack
     workers: list[WorkerPorts]
+    first_transfer: ProbeTransfer  # PROBE_PROMPT, served first
 
     @property
     def url(self) -> str:
@@ -93,17 +129,35 @@ def aggregated_reference(tmp_path_factory) -> dict[str, list[int]]:
         stack.stop()
 
 
+def start_disagg_stack(tmp: Path, prefill: int, decode: int, env: dict[str, str] | None = None) -> RunningStack:
+    total = prefill + decode
+    return start_stack(
+        tmp, workers=total,  # reserves system and KV-event ports for `total` workers
+        extra_args=["--prefill-workers", str(prefill), "--decode-workers", str(decode),
+                    "--nixl-side-channel-base-port", str(free_port_block(total, start=31500))],
+        extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false", **(env or {})}, timeout_s=600)
+
+
 @pytest.fixture(scope="session")
-def disagg_stack(tmp_path_factory, aggregated_reference) -> DisaggStack:
+def layer_major_transfer(tmp_path_factory, aggregated_reference) -> ProbeTransfer:
+    """probe_transfer() on a fresh 1 prefill + 1 decode stack in vLLM's layer-major KV layout (LBHNC), stopped
+    before the (block-major, the default) disaggregated stack starts."""
+    running = start_disagg_stack(tmp_path_factory.mktemp("layer-major"), 1, 1,
+                                 {"ROLLOUT_SERVE_ENGINE__DISAGGREGATION__KV_LAYOUT": "LBHNC"})
+    try:
+        return probe_transfer(running.url, [running.worker_system_port(1)])
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def disagg_stack(tmp_path_factory, aggregated_reference, layer_major_transfer) -> DisaggStack:
     total = PREFILL_WORKERS + DECODE_WORKERS
-    nixl_base = free_port_block(total, start=31500)
-    running = start_stack(
-        tmp_path_factory.mktemp("disagg"), workers=total,  # reserves system and KV-event ports for `total` workers
-        extra_args=["--prefill-workers", str(PREFILL_WORKERS), "--decode-workers", str(DECODE_WORKERS),
-                    "--nixl-side-channel-base-port", str(nixl_base)],
-        extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false"}, timeout_s=600)
+    running = start_disagg_stack(tmp_path_factory.mktemp("disagg"), PREFILL_WORKERS, DECODE_WORKERS)
     roles = ["prefill"] * PREFILL_WORKERS + ["decode"] * DECODE_WORKERS
     # start_stack's port layout: worker i's KV events port comes `total` ports after its system port
-    yield DisaggStack(running, [WorkerPorts(role, running.worker_system_port(i), running.worker_system_port(i) + total)
-                                for i, role in enumerate(roles)])
+    workers = [WorkerPorts(role, running.worker_system_port(i), running.worker_system_port(i) + total)
+               for i, role in enumerate(roles)]
+    first = probe_transfer(running.url, [w.system_port for w in workers if w.role == "decode"])
+    yield DisaggStack(running, workers, first)
     running.stop()

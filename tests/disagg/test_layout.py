@@ -80,6 +80,8 @@ def test_worker_specs_carry_role_nixl_and_prefill_budget(tmp_path):
         assert transfer["kv_connector"] == "NixlConnector"
         assert transfer["kv_connector_extra_config"]["kv_lease_duration"] == settings.disaggregation.disagg_kv_lease_s
         assert spec.env["UCX_NET_DEVICES"] == "lo" and spec.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+        # Both ends of a transfer allocate their KV cache block-major (engine/worker/block_major_kv.py).
+        assert spec.env["VLLM_KV_CACHE_LAYOUT"] == spec.env["ROLLOUT_SERVE_KV_LAYOUT"] == "BLHNC"
     assert prefill.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.env["VLLM_NIXL_SIDE_CHANNEL_PORT"]
     # argparse keeps the last value of a repeated flag: the prefill worker chunks at its budget.
     assert prefill.argv[len(prefill.argv) - prefill.argv[::-1].index("--max-num-batched-tokens")] == "1024"
