@@ -2,7 +2,9 @@
 
 The client contributes no memory to the store (global segment 0): the tier's DRAM is the segment
 holder's (engine/supervisor/kv_tier_service.py). Objects move through one registered staging buffer, so a
-batch of blocks is one `batch_put_from` / `batch_get_into` call (one transfer per object).
+batch of blocks is one `batch_put_from` / `batch_get_into` call (one transfer per object). Each object is
+stored padded to its slot (engine/kv_tier/formats.py `slot_bytes`): the room it leaves when Mooncake evicts
+it is then reusable by the next object, so a full tier keeps taking new blocks.
 Connectors of the same process (vLLM's scheduler and worker sides) share one client.
 
 The tier is a cache: when the master stops answering, every call fails (a get or put then takes
@@ -19,6 +21,7 @@ from functools import cache
 import torch
 
 from engine.kv_tier import native
+from engine.kv_tier.formats import slot_bytes
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +72,14 @@ class TierStore:
     def put(self, keys: list[str], objects: torch.Tensor) -> int:
         """Stores uint8 objects [n, size] under `keys`; returns how many were stored (or already there)."""
         stored = 0
-        for start, count in self._chunks(len(keys), objects.shape[1]):
+        size, slot = objects.shape[1], slot_bytes(objects.shape[1])
+        for start, count in self._chunks(len(keys), slot):
             if not self.available:
                 break
-            size = objects.shape[1]
-            self.staging()[: count * size].view(count, size).copy_(objects[start:start + count])
+            self.staging()[: count * slot].view(count, slot)[:, :size].copy_(objects[start:start + count])
             started = time.monotonic()
-            codes = self.client().batch_put_from(keys[start:start + count], self._pointers(count, size),
-                                                 [size] * count)
+            codes = self.client().batch_put_from(keys[start:start + count], self._pointers(count, slot),
+                                                 [slot] * count)
             stored += sum(code == 0 for code in codes)
             if any(code != 0 for code in codes) and time.monotonic() - started > SLOW_FAILURE_S:
                 self._outage("put")
@@ -85,16 +88,16 @@ class TierStore:
     def get(self, keys: list[str], out: torch.Tensor) -> list[bool]:
         """Reads the objects of `keys` into uint8 `out` [n, size]; per key, whether it arrived whole."""
         arrived: list[bool] = []
-        size = out.shape[1]
-        for start, count in self._chunks(len(keys), size):
+        size, slot = out.shape[1], slot_bytes(out.shape[1])
+        for start, count in self._chunks(len(keys), slot):
             if not self.available:
                 arrived += [False] * count
                 continue
             started = time.monotonic()
-            codes = self.client().batch_get_into(keys[start:start + count], self._pointers(count, size), [size] * count)
-            out[start:start + count].copy_(self.staging()[: count * size].view(count, size))
-            arrived += [code == size for code in codes]
-            if any(code != size for code in codes) and time.monotonic() - started > SLOW_FAILURE_S:
+            codes = self.client().batch_get_into(keys[start:start + count], self._pointers(count, slot), [slot] * count)
+            out[start:start + count].copy_(self.staging()[: count * slot].view(count, slot)[:, :size])
+            arrived += [code == slot for code in codes]
+            if any(code != slot for code in codes) and time.monotonic() - started > SLOW_FAILURE_S:
                 self._outage("get")
         return arrived
 

@@ -63,12 +63,16 @@ def worker_env() -> dict[str, str]:
 
 @dataclass(frozen=True)
 class TierMetrics:
-    """What the master reports: capacity mounted by the holder, bytes and objects stored, objects read."""
+    """What the master reports: capacity mounted by the holder, bytes and objects stored, objects read, objects
+    evicted (Mooncake evicts past its high watermark, 90% of the capacity: a tier that has evicted is full) and
+    objects whose put was refused (no room at the time)."""
 
     capacity_bytes: int
     allocated_bytes: int
     keys: int
     get_requests: int
+    evicted_keys: int = 0
+    put_failures: int = 0
 
     @classmethod
     def parse(cls, text: str) -> TierMetrics:
@@ -79,8 +83,11 @@ class TierMetrics:
                 values[name] = float(value)
         gets = values.get("master_batch_get_replica_list_items_total", 0) + values.get(
             "master_get_replica_list_requests_total", 0)
+        put_failures = values.get("master_batch_put_start_failed_items_total", 0) + values.get(
+            "master_put_start_failures_total", 0)
         return cls(int(values.get("master_total_capacity_bytes", 0)), int(values.get("master_allocated_bytes", 0)),
-                   int(values.get("master_key_count", 0)), int(gets))
+                   int(values.get("master_key_count", 0)), int(gets), int(values.get("master_evicted_key_count", 0)),
+                   int(put_failures))
 
 
 def read_metrics(tier: KvTierSettings) -> TierMetrics | None:

@@ -92,6 +92,8 @@ def test_bad_caches_and_objects_are_rejected():
         kernel_view(torch.zeros(4, 2, 32, 63))
     with pytest.raises(ValueError, match="multiple of 16"):
         BlockCodec.for_caches([torch.zeros(4, 2, 32, 80)], nvfp4=True)  # head_dim 40
+    with pytest.raises(ValueError, match="carry its global scale"):
+        BlockCodec.for_caches([torch.zeros(4, 1, 4, 32)], nvfp4=True)  # 1 head x 4 tokens x 1 scale: 4 sign bits
     codec = BlockCodec.for_caches(caches(), nvfp4=True)
     with pytest.raises(ValueError, match="objects must be uint8"):
         codec.decode(torch.zeros(1, codec.object_bytes - 1, dtype=torch.uint8))

@@ -102,7 +102,33 @@ def test_a_full_tier_evicts_old_objects_to_take_new_ones(tier, store):
             time.sleep(0.2)
     metrics = kv_tier_service.read_metrics(tier)
     assert metrics.allocated_bytes <= tier.capacity_bytes
+    assert metrics.evicted_keys >= per_batch  # the master counts what it evicted (the tier-fill benchmark reads it)
     assert store.exists([f"test/evict/0/{i}" for i in range(per_batch)]).count(True) < per_batch  # old ones went
+
+
+def test_a_full_tier_takes_whole_batches_of_objects_of_any_size(tmp_path):
+    """An NVFP4 block of the tiny model is 18,464 bytes, not a size Mooncake's allocator can reuse as such: stored
+    as is, a full tier refused more than half of each batch saved (the room evicted objects left was unusable).
+    A tier of its own, filled with these objects only."""
+    settings, children = start_tier(tmp_path, 32250)
+    try:
+        store = TierStore(settings.master_address)
+        size = 18_464
+        per_batch = int(CAPACITY_GIB * 2**30) // size // 10  # a tenth of the capacity: twice what one eviction frees
+        stored = []
+        for batch in range(16):  # 1.6x the capacity
+            keys = [f"test/full/{batch}/{i}" for i in range(per_batch)]
+            stored.append(store.put(keys, objects(per_batch, size, seed=100 + batch)))
+            # The master evicts in the background, down from 90% full: the next batch waits for it (10 s at most),
+            # so that only the allocator's room, not the eviction's timing, decides what is stored.
+            deadline = time.monotonic() + 10
+            while (kv_tier_service.read_metrics(settings).allocated_bytes > 0.9 * settings.capacity_bytes
+                   and time.monotonic() < deadline):
+                time.sleep(0.05)
+        assert kv_tier_service.read_metrics(settings).evicted_keys > 0  # the tier was full ...
+        assert stored[-6:] == [per_batch] * 6  # ... and kept taking every object saved
+    finally:
+        stop_all(children)
 
 
 def test_when_the_master_dies_the_store_fails_fast_instead_of_stalling_every_call(tmp_path):
