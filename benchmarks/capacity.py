@@ -7,11 +7,15 @@ two deployments (a Dynamo frontend and a worker each).
 2. Interactive latency with and without a batch job: the same interactive load (concurrent chat
    clients on the default pool) alone and while a 200-line batch runs (Batch API, low priority), in
    alternating rounds; p90 request latency of each arm.
-3. A worker SIGKILLed under load in `ha`: requests lost that had not streamed a token (goal: 0), and
-   streams cut mid-way (they end with a retryable error event).
+3. A worker SIGKILLed under load in `ha`: streams run on both deployments, then `--arriving` new requests are
+   under sessions routed to the victim's deployment, and 0.2 s later its worker is killed
+   (kill_worker_under_load, rollout_server/harness/pool_stack.py). The figures count only the requests that
+   went to the killed deployment, told apart per request (served by its worker, or refused by it and failed
+   over, in the front door's log): those lost that had not streamed a token (goal: 0), and the streams cut
+   mid-way (they end with a retryable error event).
 
 Run: .venv/bin/python benchmarks/capacity.py   (about 8 minutes on 2 cores)
-Writes benchmarks/results/capacity.json.
+Writes benchmarks/results/capacity.json. With --only-kill: part 3 alone (about 3 minutes), printed, nothing written.
 """
 
 from __future__ import annotations
@@ -103,17 +107,39 @@ def p90(values: list[float]) -> float:
     return ordered[int(0.9 * (len(ordered) - 1))]
 
 
+def worker_kill(stack, arriving: int) -> dict:
+    """Part 3's figures, each over the requests the front door sent to the killed deployment."""
+    wait_for(lambda: all(d["healthy"] for d in pools(stack.url)["ha"]["deployments"]), 180, "ha up")
+    outcome = kill_worker_under_load(stack, f"{MODEL}@ha", arriving=arriving)
+    print(f"worker kill under load on {outcome.victim}: {len(outcome.on_victim)} requests were sent there, "
+          f"{len(outcome.not_started)} of them had no token yet, {len(outcome.lost)} of those lost; "
+          f"{len(outcome.cut)} streams cut with an error event; {outcome.failovers} failovers")
+    return {
+        "requests_on_killed_deployment": len(outcome.on_victim),
+        "requests_on_killed_deployment_not_started_at_kill": len(outcome.not_started),
+        "lost_requests_on_worker_kill": len(outcome.lost),
+        "streams_cut_on_worker_kill": len(outcome.cut),
+        "failovers_on_worker_kill": outcome.failovers,
+        "requests_failed_on_other_deployment": len(outcome.failed_elsewhere),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2, help="rounds of interactive load, each arm")
     parser.add_argument("--clients", type=int, default=3, help="concurrent interactive clients")
     parser.add_argument("--requests", type=int, default=8, help="requests per client per round")
     parser.add_argument("--batch-lines", type=int, default=200)
+    parser.add_argument("--arriving", type=int, default=24, help="new requests sent to the killed deployment")
+    parser.add_argument("--only-kill", action="store_true", help="the worker kill alone; prints, writes nothing")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="capacity-") as tmp:
         stack, _ = start_pool_stack(Path(tmp), POOLS, deployments=3)
         try:
+            if args.only_kill:
+                print(json.dumps(worker_kill(stack, args.arriving), indent=1))
+                return
             cold = [cold_start_s(stack.url) for _ in range(2)]
             print(f"cold start (0 workers -> first token): {', '.join(f'{c:.1f} s' for c in cold)}")
 
@@ -129,11 +155,7 @@ def main() -> None:
             print(f"interactive p90: alone {p90(alone):.3f} s, with a batch running {p90(with_batch):.3f} s "
                   f"(x{ratio:.2f}); batch lines finished meanwhile: {batch_done}")
 
-            wait_for(lambda: all(d["healthy"] for d in pools(stack.url)["ha"]["deployments"]), 180, "ha up")
-            victim = pools(stack.url)["ha"]["deployments"][0]["worker_pids"][0]
-            outcome = kill_worker_under_load(stack.url, f"{MODEL}@ha", lambda: victim)
-            print(f"worker kill under load: {len(outcome.not_started)} requests had no token yet, "
-                  f"{len(outcome.lost)} of them lost; {len(outcome.cut)} streams cut with an error event")
+            kill = worker_kill(stack, args.arriving)
         except BaseException:
             print(stack.log_tail(60), file=sys.stderr)
             raise
@@ -147,9 +169,7 @@ def main() -> None:
         "interactive_p90_with_batch_s": round(p90(with_batch), 4),
         "interactive_p90_ratio_with_batch": round(ratio, 3),
         "batch_lines_done_during_interactive_load": sum(batch_done),
-        "requests_not_started_at_kill": len(outcome.not_started),
-        "lost_requests_on_worker_kill": len(outcome.lost),
-        "streams_cut_on_worker_kill": len(outcome.cut),
+        **kill,
     }
     print(json.dumps(results, indent=1))
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,11 +14,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
-from rollout_server.harness.stack import REPO, create_key, free_port_block, start_stack
+from engine.sessions import deployment_slot
+from rollout_server.auth import OPEN_MODE_TEAM
+from rollout_server.harness.stack import REPO, RunningStack, create_key, free_port_block, start_stack
+from rollout_server.serving.team_scope import team_scoped
 
 MODEL = "tiny-qwen2"
 
@@ -78,18 +82,21 @@ class StreamRecord:
     done: bool = False
     last_token_at: float | None = None
     left: bool = False  # the client stopped reading (told to by `stop`)
+    worker: str | None = None  # `x-worker-id`: the worker that made its first output
+    request_id: str | None = None  # `x-request-id`
 
 
 def stream(url: str, model: str, session: str, max_tokens: int, record: StreamRecord,
-           deadline_s: float = 240, stop: threading.Event | None = None) -> StreamRecord:
-    """A streamed completion (a ~600-token prompt), recorded as it arrives: when its first token came, how it
-    ended. Once `stop` is set, the client leaves at the next chunk."""
-    body = {"model": model, "prompt": "the quick brown fox " * 150, "max_tokens": max_tokens, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+           deadline_s: float = 240, stop: threading.Event | None = None, prompt: str = "") -> StreamRecord:
+    """A streamed completion (`prompt`, then ~600 tokens of the same words every time), recorded as it arrives:
+    when its first token came, how it ended. Once `stop` is set, the client leaves at the next chunk."""
+    body = {"model": model, "prompt": prompt + "the quick brown fox " * 150, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True}
     deadline = time.monotonic() + deadline_s
     with httpx.stream("POST", f"{url}/v1/completions", json=body, headers={"X-Session-ID": session},
                       timeout=httpx.Timeout(deadline_s, connect=10)) as resp:
         record.status = resp.status_code
+        record.worker, record.request_id = resp.headers.get("x-worker-id"), resp.headers.get("x-request-id")
         if resp.status_code != 200:
             record.error = json.loads(resp.read())["error"]
             return record
@@ -128,11 +135,32 @@ def completed(record: StreamRecord) -> bool:
     return record.status == 200 and record.done and record.error is None and record.finish_reason == "length"
 
 
+def deployment_of(session: str, deployments: list[str], team: str = OPEN_MODE_TEAM) -> str:
+    """The deployment the front door sends a request of `session` (from `team`) to, while every one of
+    `deployments` (a pool's, in the order /v1/pools lists them) is in rotation and none has refused the request:
+    the front door's own rule (`PoolSet.pick`), `deployment_slot` of the session as the engine sees it, scoped
+    by its team (`team_scoped`)."""
+    return deployments[deployment_slot(team_scoped(team, session), len(deployments))]
+
+
+def sessions_routed_to(deployment: str, deployments: list[str], count: int, prefix: str) -> list[str]:
+    """`count` session names (`prefix`-0, `prefix`-1, ...) whose requests the front door sends to `deployment`."""
+    names = (f"{prefix}-{k}" for k in itertools.count())
+    return list(itertools.islice((s for s in names if deployment_of(s, deployments) == deployment), count))
+
+
 @dataclass
 class KillOutcome:
-    not_started: list[StreamRecord]   # had streamed no token when the worker died
-    cut: list[StreamRecord]           # were streaming and did not complete
+    """What happened to the requests sent to the killed worker's deployment (the victim). The figures count
+    those alone: a request the front door sent to another deployment never met the kill."""
+    victim: str                       # the deployment whose worker was killed ("ha/0")
+    victim_pid: int                   # the killed worker's process group
+    on_victim: list[StreamRecord]     # every request the front door sent to the victim
+    not_started: list[StreamRecord]   # of those, had streamed no token when the worker died
+    cut: list[StreamRecord]           # of those, were streaming and did not complete
     lost: list[StreamRecord]          # not started, yet did not complete: what failover must prevent
+    failed_elsewhere: list[StreamRecord]  # on another deployment, yet neither completed nor left: must be none
+    failovers: int                    # requests the front door moved to another deployment meanwhile (/v1/pools)
     killed_at: float                  # time.monotonic() of the SIGKILL
 
 
@@ -141,22 +169,61 @@ class KillOutcome:
 IN_FLIGHT_S = 10
 
 
-def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int], streaming: int = 8,
+def refused_by(log_text: str, request_id: str, deployment: str) -> bool:
+    """Whether the front door's log says `deployment` refused the request (client id `request_id`) before any
+    output: engine/client/dispatch.py logs each refusal, naming the request by its team-scoped id."""
+    return bool(re.search(rf"request \S*{re.escape(request_id)}(: {re.escape(deployment)} refused it"
+                          rf"| refused by {re.escape(deployment)} )", log_text))
+
+
+def kill_worker_under_load(stack: RunningStack, model: str, victim: str | None = None, streaming: int = 8,
                            arriving: int = 12, max_tokens: int = 300, streaming_max_tokens: int = 6000) -> KillOutcome:
-    """`streaming` requests stream tokens (long ones: they must still be running at the kill), `arriving`
-    more are sent, and 0.2 s later the worker process group `choose_victim()` names (asked once the
-    streams run, so that it can pick a worker carrying some) is SIGKILLed; returns what happened to each
-    request. Long streams still on a live worker 10 s after the kill are left (their client stops reading):
-    running them to the end would prove nothing more."""
-    started = [StreamRecord() for _ in range(streaming)]
-    queued = [StreamRecord() for _ in range(arriving)]
+    """`streaming` requests stream tokens (long ones: they must still be running at the kill), spread evenly over
+    the pool's deployments; then `arriving` more are sent, all under sessions the front door routes to the
+    `victim` deployment (default: the pool's first), and 0.2 s later the victim's worker process group is
+    SIGKILLed; returns what happened to each request sent to the victim. Long streams still on a live worker
+    10 s after the kill are left (their client stops reading): running them to the end would prove nothing more.
+
+    Which deployment a request went to is a fact of each request, from the real path: the streams' sessions are
+    checked against the front door's count of requests in flight per deployment (/v1/pools), and name the
+    victim's worker (`x-worker-id`). A new request went to the victim when the victim's worker served it (it
+    completed, or was cut, there) or when the front door's log says the victim refused it (it failed over).
+    One the front door sent straight to another deployment (the victim already out of rotation) did not; one
+    that failed without a token counts where its session routes, so that no loss drops out of the figures."""
+    url, pool = stack.url, model.partition("@")[2]
+
+    def deployments() -> dict[str, dict]:
+        return {d["name"]: d for d in pools(url)[pool]["deployments"]}
+
+    names = list(deployments())
+    assert all(d["healthy"] for d in deployments().values()), f"{pool}: a deployment is out of rotation"
+    victim = victim or names[0]
+    per_deployment = {name: sessions_routed_to(name, names, streaming, "started") for name in names}
+    stream_sessions = [per_deployment[names[i % len(names)]][i // len(names)] for i in range(streaming)]
+    arriving_sessions = sessions_routed_to(victim, names, arriving, "queued")
+    streams_on_victim = sum(deployment_of(s, names) == victim for s in stream_sessions)
+
+    started = [StreamRecord() for _ in stream_sessions]
+    queued = [StreamRecord() for _ in arriving_sessions]
     stop = threading.Event()
+    in_flight_before = deployments()[victim]["in_flight"]
+    failovers_before = pools(url)[pool]["failovers"]
     with ThreadPoolExecutor(streaming + arriving) as threads:
-        running = [threads.submit(stream, url, model, f"started-{i}", streaming_max_tokens, r, stop=stop)
-                   for i, r in enumerate(started)]
+        running = [threads.submit(stream, url, model, s, streaming_max_tokens, r, stop=stop)
+                   for s, r in zip(stream_sessions, started)]
         wait_for(lambda: all(r.first_token_at for r in started), 120, "every first stream streaming", poll_s=0.05)
-        victim_pid = choose_victim()
-        waiting = [threads.submit(stream, url, model, f"queued-{i}", max_tokens, r) for i, r in enumerate(queued)]
+        in_flight = deployments()[victim]["in_flight"] - in_flight_before
+        assert in_flight == streams_on_victim, (
+            f"{victim} has {in_flight} of the streams, not the {streams_on_victim} whose sessions route there: the "
+            "routing rule here is not the front door's")
+        # Each deployment has one worker: the streams name the victim's, and no other stream was served by it.
+        victim_workers = {r.worker for s, r in zip(stream_sessions, started) if deployment_of(s, names) == victim}
+        other_workers = {r.worker for s, r in zip(stream_sessions, started) if deployment_of(s, names) != victim}
+        assert len(victim_workers) == 1 and not victim_workers & other_workers, (victim_workers, other_workers)
+        victim_pid = deployments()[victim]["worker_pids"][0]
+        # Each new prompt starts with its own words: no prefix of it is cached, so it takes a real prefill.
+        waiting = [threads.submit(stream, url, model, s, max_tokens, r, prompt=f"{s}: ")
+                   for s, r in zip(arriving_sessions, queued)]
         time.sleep(0.2)        # the new requests are in the front door, in Dynamo, or prefilling
         killed_at = time.monotonic()
         os.killpg(victim_pid, signal.SIGKILL)
@@ -168,8 +235,20 @@ def kill_worker_under_load(url: str, model: str, choose_victim: Callable[[], int
         stop.set()
         for future in running:
             future.result(timeout=60)
-    records = started + queued
-    not_started = [r for r in records if r.first_token_at is None
+    log_text = stack.log_path.read_text(errors="replace")
+
+    def went_to_victim(session: str, record: StreamRecord) -> bool:
+        if record.worker in victim_workers or (record.request_id and refused_by(log_text, record.request_id, victim)):
+            return True
+        failed_without_output = record.tokens == 0 and not completed(record)
+        return failed_without_output and deployment_of(session, names) == victim
+
+    sent = list(zip(stream_sessions + arriving_sessions, started + queued))
+    on_victim = [r for s, r in sent if went_to_victim(s, r)]
+    elsewhere = [r for s, r in sent if not went_to_victim(s, r)]
+    not_started = [r for r in on_victim if r.first_token_at is None
                    or (r.first_token_at > killed_at and not _cut_by_the_kill(r))]
-    cut = [r for r in records if r not in not_started and not completed(r) and not r.left]
-    return KillOutcome(not_started, cut, [r for r in not_started if not completed(r)], killed_at)
+    cut = [r for r in on_victim if r not in not_started and not completed(r) and not r.left]
+    return KillOutcome(victim, victim_pid, on_victim, not_started, cut, [r for r in not_started if not completed(r)],
+                       [r for r in elsewhere if not completed(r) and not r.left],
+                       pools(url)[pool]["failovers"] - failovers_before, killed_at)

@@ -26,10 +26,12 @@ CACHE_DIR = Path(os.environ.get("ROLLOUT_SERVE_TEST_CACHE", REPO / ".cache" / "r
 TEST_TIER_ENV = "ROLLOUT_SERVE_TEST_TIER"
 
 
-def free_port_block(size: int, start: int = 30000) -> int:
+def free_port_block(size: int, start: int | None = None) -> int:
     """The first port p >= start such that p .. p+size-1 are all free, below the kernel's ephemeral range
-    (a port in it can be taken by any connection between this check and the child's bind: engine/supervisor/ports.py)."""
-    port = start
+    (a port in it can be taken by any connection between this check and the child's bind: engine/supervisor/ports.py).
+    The default start differs by process (30000 to 30975), so that test runs side by side rarely pick the same
+    ports between one's check and its stack's bind."""
+    port = start if start is not None else 30000 + 25 * (os.getpid() % 40)
     while port + size <= ephemeral_range().start:
         if all(is_free(port + i) for i in range(size)):
             return port
