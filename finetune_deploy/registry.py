@@ -1,4 +1,5 @@
-"""The checkpoint registry: numbered policy versions per pool, their status and deploy history, in SQL.
+"""The checkpoint registry: numbered policy versions per pool, their status and deploy history, in SQL (the
+state database, SQLite or PostgreSQL: the engine it is given).
 
 Each pool starts from its base model, version 0. Every registered checkpoint
 gets the next number, never reused: versions only grow, even after a rollback.
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, Text, func, select, update
+from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, Text, func, select, update
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
@@ -47,12 +48,12 @@ _metadata = MetaData()
 policy_versions = Table(
     "policy_versions", _metadata,
     Column("pool", String(128), primary_key=True),
-    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("version", BigInteger, primary_key=True, autoincrement=False),   # 64 bits: a trainer's step numbers
     Column("name", String(256), nullable=False),
     Column("kind", String(8), nullable=False),
     Column("path", String(4096), nullable=False),
     Column("fingerprint", String(64), nullable=False),
-    Column("parent_version", Integer, nullable=True),
+    Column("parent_version", BigInteger, nullable=True),
     Column("status", String(16), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
@@ -61,7 +62,7 @@ deployment_events = Table(
     "deployment_events", _metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("pool", String(128), nullable=False, index=True),
-    Column("version", Integer, nullable=False),
+    Column("version", BigInteger, nullable=False),
     Column("event", String(32), nullable=False),
     Column("message", Text, nullable=False),
     Column("created_at", Float, nullable=False),

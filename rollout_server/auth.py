@@ -1,4 +1,4 @@
-"""API keys mapped to teams, stored hashed (SQLite by default, Postgres by URL).
+"""API keys mapped to teams, stored hashed (SQLite by default, PostgreSQL by URL: rollout_server/database.py).
 
 Every request needs a key, except in open mode, an explicit setting (`server.open_mode`, `--open-mode`) that is
 off by default. In open mode a caller on loopback without a valid key is the local admin (team "local"), a caller
@@ -17,9 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from sqlalchemy import Boolean, Column, Float, MetaData, String, Table, create_engine, func, select, update
+from sqlalchemy import Boolean, Column, Float, MetaData, String, Table, func, select, update
 from sqlalchemy.engine import Engine
 
+from rollout_server.database import open_engine
 from rollout_server.errors import APIError
 from rollout_server.read_cache import ReadCache
 
@@ -27,14 +28,15 @@ log = logging.getLogger(__name__)
 
 OPEN_MODE_TEAM = "local"
 KEY_PREFIX = "rs-"
+MAX_TEAM_CHARS = 128
 
 _metadata = MetaData()
 api_keys = Table(
     "api_keys", _metadata,
     Column("key_hash", String(64), primary_key=True),
     Column("key_prefix", String(16), nullable=False),
-    Column("team", String(128), nullable=False, index=True),
-    Column("name", String(128), nullable=True),
+    Column("team", String(MAX_TEAM_CHARS), nullable=False, index=True),
+    Column("name", String(MAX_TEAM_CHARS), nullable=True),
     Column("is_admin", Boolean, nullable=False, default=False),
     Column("created_at", Float, nullable=False),
     Column("revoked", Boolean, nullable=False, default=False),
@@ -53,11 +55,9 @@ def hash_key(key: str) -> str:
 
 
 def open_database(url: str) -> Engine:
-    if url.startswith("sqlite:///"):
-        from pathlib import Path
-
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, future=True)
+    """The state database (keys, usage, rate limits, the deploy registry), with the keys table made if missing;
+    DatabaseError if it cannot be opened."""
+    engine = open_engine(url)
     _metadata.create_all(engine)
     return engine
 
@@ -68,6 +68,11 @@ class KeyStore:
         self.admin_key_hash = hash_key(admin_key) if admin_key else None
 
     def create(self, team: str, name: str | None = None, is_admin: bool = False) -> str:
+        """A new key for `team` (ValueError for a team name no database could store), returned once."""
+        if not team or len(team) > MAX_TEAM_CHARS or "\x00" in team:
+            raise ValueError(f"a team name is 1 to {MAX_TEAM_CHARS} characters, without NUL characters")
+        if name is not None and (len(name) > MAX_TEAM_CHARS or "\x00" in name):
+            raise ValueError(f"a key's name is at most {MAX_TEAM_CHARS} characters, without NUL characters")
         key = KEY_PREFIX + secrets.token_urlsafe(32)
         with self.engine.begin() as conn:
             conn.execute(api_keys.insert().values(

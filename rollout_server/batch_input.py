@@ -102,6 +102,8 @@ def _parse_line(raw: bytes, line_no: int, offset: int) -> InputLine:
     custom_id = _required(request, "custom_id", str)
     if not custom_id or len(custom_id) > MAX_CUSTOM_ID_CHARS:
         raise _LineProblem(f"custom_id must be 1 to {MAX_CUSTOM_ID_CHARS} characters", "custom_id")
+    if "\x00" in custom_id:  # stored as text, which PostgreSQL's cannot hold
+        raise _LineProblem("custom_id must not contain NUL (\\u0000) characters", "custom_id")
     if _required(request, "method", str) != "POST":
         raise _LineProblem(f"method must be 'POST', not {request['method']!r}", "method")
     url = _required(request, "url", str)

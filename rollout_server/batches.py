@@ -1,7 +1,7 @@
 """The Batch API's store: uploaded files on disk, batches and per-line progress in SQL.
 
     <dir>/files/<file_id>.jsonl       input, output and error files
-    batch_files, batches, batch_lines  tables (SQLite <dir>/batches.db by default)
+    batch_files, batches, batch_lines  tables (SQLite <dir>/batches.db by default, or PostgreSQL)
 
 A line lives pending -> running -> done (its result stored), or pending -> skipped
 when its batch is cancelled or expires first. A batch lives in_progress (or
@@ -57,8 +57,6 @@ from sqlalchemy import (
     Text,
     and_,
     case,
-    create_engine,
-    event,
     exists,
     func,
     inspect,
@@ -70,6 +68,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection, Engine
 
 from rollout_server.batch_input import BATCH_ENDPOINTS, BatchInputError, InputLine, LineError, parse_input_file
+from rollout_server.database import open_engine
 from rollout_server.errors import APIError, bad_request
 from trace_pipeline.retention import age_cutoff, oldest_beyond_budget
 
@@ -79,6 +78,7 @@ COMPLETION_WINDOWS = {"24h": 24 * 3600}
 ACTIVE = ("in_progress", "cancelling")
 INPUT_PURPOSE = "batch"
 OUTPUT_PURPOSE = "batch_output"
+MAX_FILENAME_CHARS = 512
 
 
 _metadata = MetaData()
@@ -87,7 +87,7 @@ batch_files = Table(
     Column("id", String(64), primary_key=True),
     Column("team", String(128), nullable=False, index=True),
     Column("purpose", String(32), nullable=False),
-    Column("filename", String(512), nullable=False),
+    Column("filename", String(MAX_FILENAME_CHARS), nullable=False),
     Column("bytes", BigInteger, nullable=False),
     Column("created_at", Float, nullable=False),
 )
@@ -174,20 +174,9 @@ class LineResult:
 
 
 def open_batch_database(url: str) -> Engine:
-    """An engine for the batch tables; SQLite gets WAL (readers do not wait for the runner's writes)."""
-    if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url)
-    if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
-    return engine
-
-
-def _sqlite_pragmas(dbapi_connection, _record) -> None:
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")   # in WAL mode: durable across a process crash, consistent always
-    cursor.close()
+    """An engine for the batch tables (SQLite or PostgreSQL: rollout_server/database.py); SQLite gets WAL (readers
+    do not wait for the runner's writes). DatabaseError if it cannot be opened."""
+    return open_engine(url, sqlite_wal=True)
 
 
 class BatchStore:
@@ -206,6 +195,9 @@ class BatchStore:
         if purpose != INPUT_PURPOSE:
             raise bad_request(f"purpose {purpose!r} is not supported; upload batch input with purpose 'batch'",
                               param="purpose", code="invalid_value")
+        if len(filename) > MAX_FILENAME_CHARS or "\x00" in filename:  # the column's size; PostgreSQL holds no NUL
+            raise bad_request(f"the file's name must be at most {MAX_FILENAME_CHARS} characters, without NUL "
+                              "characters", param="file", code="invalid_value")
         try:
             parse_input_file(content, self.max_lines)
         except BatchInputError as exc:

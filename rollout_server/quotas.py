@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from sqlalchemy import BigInteger, Column, Float, Integer, MetaData, String, Table, delete, select
+from sqlalchemy import BigInteger, Column, Float, MetaData, String, Table, delete, select
 from sqlalchemy.engine import Engine
 
 from rollout_server.errors import APIError
@@ -47,7 +47,7 @@ _metadata = MetaData()
 key_limits = Table(
     "key_limits", _metadata,
     Column("key_prefix", String(16), primary_key=True),
-    Column("requests_per_min", Integer, nullable=True),   # NULL: default; 0: no limit
+    Column("requests_per_min", BigInteger, nullable=True),   # NULL: default; 0: no limit
     Column("tokens_per_min", BigInteger, nullable=True),
     Column("updated_at", Float, nullable=False),
 )

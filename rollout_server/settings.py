@@ -104,7 +104,15 @@ class StateSettings(BaseModel):
     cache_dir: Path = Field(default_factory=_home_cache, description="models and compiled artefacts")
     state_dir: Path | None = Field(None, description="run-time state: logs, discovery files, database (default: "
                                                      "cache_dir/state)")
-    database_url: str | None = Field(None, description="SQLAlchemy URL for keys/usage (default: SQLite in state_dir)")
+    database_url: str | None = Field(
+        None, description="the database of keys, usage, rate limits and the deploy registry: sqlite:///PATH or "
+                          "postgresql://USER:PASSWORD@HOST:PORT/NAME (rollout_server/database.py; default: SQLite in "
+                          "state_dir)")
+
+    @field_validator("database_url")
+    @classmethod
+    def _supported_database(cls, url: str | None) -> str | None:
+        return _supported_database_url(url)
 
     @property
     def resolved_state_dir(self) -> Path:
@@ -138,7 +146,8 @@ class QuotaSettings(BaseModel):
 class BatchSettings(BaseModel):
     enabled: bool = Field(True, description="serve the Batch API (rollout_server/batches.py)")
     dir: Path = Field(Path("batches"), description="batch files (relative: under the state dir)")
-    database_url: str | None = Field(None, description="batch records (default: SQLite <dir>/batches.db)")
+    database_url: str | None = Field(None, description="batch records: sqlite:///PATH or postgresql://... as "
+                                                       "state's database_url (default: SQLite <dir>/batches.db)")
     max_in_flight: int = Field(4, ge=1, description="batch lines running at once")
     max_file_bytes: int = Field(200 * 2**20, ge=1, description="largest input file accepted")
     max_lines: int = Field(50_000, ge=1, description="most lines in one input file")
@@ -157,6 +166,11 @@ class BatchSettings(BaseModel):
                                       "a shared disk's size")
     retention_sweep_s: float = Field(3600.0, gt=0, description="seconds between retention sweeps (the first runs "
                                                                "at start); hourly keeps the overshoot small")
+
+    @field_validator("database_url")
+    @classmethod
+    def _supported_database(cls, url: str | None) -> str | None:
+        return _supported_database_url(url)
 
 
 class LimitSettings(BaseModel):
@@ -187,6 +201,15 @@ class LimitSettings(BaseModel):
     grammar_cache_mib: float = Field(64.0, gt=0, description="compiled grammars and checked schemas kept for reuse, "
                                      "in MiB (an entry's size: its text's length), least recently used evicted "
                                      "first; 64: hundreds of 128-tool grammars (~100-300 KB each)")
+
+
+def _supported_database_url(url: str | None) -> str | None:
+    """A database URL rollout_server/database.py opens (SQLite, PostgreSQL), else ValueError saying which do."""
+    if url is None:
+        return None
+    from rollout_server.database import check_url  # SQLAlchemy (0.1 s) only when a URL is given
+
+    return check_url(url)
 
 
 # Sections whose fields go by section and name (their field names repeat across sections: enabled, dir, ...).

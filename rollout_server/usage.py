@@ -6,7 +6,7 @@ for the event loop. A writer thread inserts the aggregates every `flush_every_s`
 seconds, and `close()` inserts what is left, so a clean shutdown loses nothing; a
 killed process loses at most the last interval. Rows are only ever inserted (two
 rows for the same minute simply add up when queried), which keeps the SQL portable
-between SQLite and Postgres.
+between SQLite and PostgreSQL (rollout_server/database.py).
 
 Time has minute resolution: a request counts in the minute it was created in.
 
@@ -25,7 +25,7 @@ import logging
 import threading
 from dataclasses import asdict, dataclass, fields
 
-from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, String, Table, func, select
+from sqlalchemy import BigInteger, Column, Float, Index, Integer, MetaData, String, Table, cast, func, select
 from sqlalchemy.engine import Engine
 
 from rollout_server.serving.finished import FinishedGeneration
@@ -150,7 +150,7 @@ class UsageStore:
 
     def totals(self, query: UsageQuery) -> list[UsageRow]:
         group_columns = [_group_column(name) for name in query.group_by]
-        sums = [func.coalesce(func.sum(usage_minutes.c[f.name]), 0).label(f.name) for f in fields(UsageCounts)]
+        sums = [_sum(usage_minutes.c[f.name]).label(f.name) for f in fields(UsageCounts)]
         statement = select(*group_columns, *sums).where(*_filters(query))
         if group_columns:
             statement = statement.group_by(*group_columns).order_by(*group_columns)
@@ -158,6 +158,11 @@ class UsageStore:
             result = conn.execute(statement).all()
         return [_usage_row(query.group_by, row._mapping) for row in result
                 if group_columns or row._mapping["requests"]]
+
+
+def _sum(column):
+    """The column's sum (0 over no rows), of the column's type: PostgreSQL sums bigints as numerics (Decimal)."""
+    return cast(func.coalesce(func.sum(column), 0), column.type)
 
 
 def _group_column(name: str):

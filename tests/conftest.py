@@ -13,6 +13,24 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SLOW_MARKERS = ("stack", "disagg")
 
 
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL server for the session, on a Unix socket of its own (rollout_server/harness/postgres.py)."""
+    from rollout_server.harness.postgres import PostgresServer
+
+    with PostgresServer.running() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request, tmp_path):
+    """An empty database for one test, on each backend the state stores run on: a SQLite file, then a fresh
+    database of the session's PostgreSQL server (fast tier: no stack; `-m postgres` selects those cases)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    return request.getfixturevalue("postgres_server").new_database()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Tells the stack harness and tests/tiny_models.py which tier this test is in, before its fixtures are set

@@ -38,7 +38,11 @@ def _key_store(args):
 
 
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    key = _key_store(args).create(args.team, name=args.name, is_admin=args.admin)
+    try:
+        key = _key_store(args).create(args.team, name=args.name, is_admin=args.admin)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print(key)
     print(f"created a key for team {args.team!r}; it is shown only once", file=sys.stderr)
     return 0

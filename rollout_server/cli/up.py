@@ -43,6 +43,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     from engine.supervisor.ports import is_free
     from engine.supervisor.stack import Stack, StackStartError
     from rollout_server.auth import is_loopback
+    from rollout_server.database import DatabaseError, open_engine
     from rollout_server.tiny_model.builder import resolve_model
 
     settings = settings_from_args(args)
@@ -59,6 +60,13 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 2
     if not is_free(server.port):  # said now, not after minutes of engine start-up
         log.error("port %d (the front door, --port) is already in use", server.port)
+        return 1
+    try:  # an unreachable database too: each is opened once, then again by the front door
+        open_engine(settings.state.resolved_database_url).dispose()
+        if settings.batches.enabled:
+            open_engine(settings.batch_database_url).dispose()
+    except DatabaseError as exc:
+        log.error("%s", exc)
         return 1
     model_dir, model_name = resolve_model(settings)
     stack = Stack(engine, model_dir, model_name, state_dir=settings.state.resolved_state_dir,

@@ -11,11 +11,6 @@ POOL = "qwen-tiny"
 
 
 @pytest.fixture
-def database_url(tmp_path):
-    return f"sqlite:///{tmp_path / 'registry.db'}"
-
-
-@pytest.fixture
 def registry(database_url, base_dir):
     registry = CheckpointRegistry(create_engine(database_url))
     registry.register_base(POOL, base_dir, "tiny-qwen2")
@@ -133,6 +128,15 @@ def test_a_trainer_may_choose_its_version_if_it_is_new(registry, checkpoints):
     with pytest.raises(RegistryError, match="never reused"):
         registry.register(POOL, checkpoints[1], version=12)
     assert registry.register(POOL, checkpoints[1]).version == 41
+
+
+def test_versions_are_64_bit_integers(registry, checkpoints):
+    """A trainer numbering by tokens or timestamps passes 2**31 (PostgreSQL's INTEGER); the API allows 2**63 - 1."""
+    step = 2**40
+    assert registry.register(POOL, checkpoints[0], version=step).version == step
+    deploy(registry, step)
+    assert registry.register(POOL, checkpoints[1]).parent_version == step
+    assert registry.highest_version(POOL) == step + 1
 
 
 def test_an_unknown_pool_is_refused(registry, checkpoints):

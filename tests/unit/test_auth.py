@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import MetaData, create_engine, select
 
 from engine.client.dispatch import Dispatcher
 from engine.client.dynamo_http import DynamoFrontendClient
@@ -41,11 +42,22 @@ def make_app(model_dir, database_url: str, clock=None, open_mode: bool = False) 
     return TestClient(create_app(AppState(ctx=ctx, auth=auth)), client=("127.0.0.1", 50000))
 
 
-def test_keys_map_to_teams_and_are_stored_hashed(tmp_path, model_dir):
-    db = tmp_path / "keys.db"
-    url = f"sqlite:///{db}"
+def stored_text(url: str) -> str:
+    """Every value of every table of the database, as text."""
+    engine = create_engine(url)
+    tables = MetaData()
+    tables.reflect(engine)
+    with engine.connect() as conn:
+        text = repr([conn.execute(select(table)).all() for table in tables.sorted_tables])
+    engine.dispose()
+    return text
+
+
+def test_keys_map_to_teams_and_are_stored_hashed(database_url, model_dir):
+    url = database_url
     key = create_key(url, "team-a")
-    assert key.startswith("rs-") and key.encode() not in db.read_bytes()
+    stored = stored_text(url)
+    assert key.startswith("rs-") and key not in stored and "team-a" in stored
     app = make_app(model_dir, url)
 
     missing = app.get("/v1/models")
@@ -61,8 +73,8 @@ def test_keys_map_to_teams_and_are_stored_hashed(tmp_path, model_dir):
     assert store.lookup(key) is None
 
 
-def test_open_mode_without_keys_and_503_when_the_engine_is_unreachable(tmp_path, model_dir):
-    with make_app(model_dir, f"sqlite:///{tmp_path / 'empty.db'}", open_mode=True) as app:  # its shutdown closes the engine client
+def test_open_mode_without_keys_and_503_when_the_engine_is_unreachable(database_url, model_dir):
+    with make_app(model_dir, database_url, open_mode=True) as app:  # its shutdown closes the engine client
         assert app.get("/v1/models").status_code == 200
         resp = app.post("/v1/chat/completions", json={"model": "tiny-qwen2", "max_tokens": 2,
                                                       "messages": [{"role": "user", "content": "hi"}]})
@@ -71,8 +83,8 @@ def test_open_mode_without_keys_and_503_when_the_engine_is_unreachable(tmp_path,
     assert resp.headers["retry-after"] == "1"
 
 
-def test_a_key_revoked_while_the_server_runs_stops_working_within_the_recheck_delay(tmp_path, model_dir):
-    url = f"sqlite:///{tmp_path / 'keys.db'}"
+def test_a_key_revoked_while_the_server_runs_stops_working_within_the_recheck_delay(database_url, model_dir):
+    url = database_url
     key = create_key(url, "team-a")
     clock = ManualClock()
     app = make_app(model_dir, url, clock)
@@ -87,8 +99,8 @@ def test_a_key_revoked_while_the_server_runs_stops_working_within_the_recheck_de
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
 
 
-def test_a_new_key_works_at_once_and_in_open_mode_a_key_is_its_team(tmp_path, model_dir):
-    url = f"sqlite:///{tmp_path / 'keys.db'}"
+def test_a_new_key_works_at_once_and_in_open_mode_a_key_is_its_team(database_url, model_dir):
+    url = database_url
     closed = make_app(model_dir, url)
     assert closed.get("/v1/models").status_code == 401  # no key yet, and open mode is off
     first = create_key(url, "team-a")  # never read before: looked up on its first use
@@ -116,8 +128,8 @@ class ThreadRecordingKeyStore(KeyStore):
         return super().lookup(key)
 
 
-def test_the_database_is_read_off_the_event_loop_and_a_key_once_per_recheck_delay(tmp_path):
-    url = f"sqlite:///{tmp_path / 'keys.db'}"
+def test_the_database_is_read_off_the_event_loop_and_a_key_once_per_recheck_delay(database_url):
+    url = database_url
     key = create_key(url, "team-a")
     store = ThreadRecordingKeyStore(open_database(url))
     auth = Authenticator(store, recheck_s=60)
@@ -129,3 +141,13 @@ def test_the_database_is_read_off_the_event_loop_and_a_key_once_per_recheck_dela
     principals, loop_thread = asyncio.run(three_requests())
     assert [p.team for p in principals] == ["team-a"] * 3
     assert len(store.read_on) == 1 and store.read_on[0] is not loop_thread
+
+
+def test_a_team_name_no_database_can_store_is_refused(database_url):
+    store = KeyStore(open_database(database_url))
+    for team in ["", "t" * 129, "a\x00b"]:
+        with pytest.raises(ValueError, match="team name is 1 to 128 characters"):
+            store.create(team)
+    assert store.list() == []
+    longest = "t" * 128
+    assert store.lookup(store.create(longest)).team == longest

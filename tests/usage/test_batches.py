@@ -67,14 +67,14 @@ def jsonl(lines: list) -> bytes:
     return "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines).encode()
 
 
-def new_store(tmp_path) -> BatchStore:
+def new_store(database_url: str, tmp_path) -> BatchStore:
     """A store as a (re)started process opens it: a fresh engine on the same database and directory."""
-    return BatchStore(open_batch_database(f"sqlite:///{tmp_path / 'batches.db'}"), tmp_path / "batches")
+    return BatchStore(open_batch_database(database_url), tmp_path / "batches")
 
 
 @pytest.fixture
-def store(tmp_path):
-    return new_store(tmp_path)
+def store(database_url, tmp_path):
+    return new_store(database_url, tmp_path)
 
 
 @pytest.fixture
@@ -133,6 +133,7 @@ def test_upload_names_every_bad_line_and_stores_nothing(client, store):
         request_line("extra", priority=1),                            # 9: unknown field
         request_line("\ud800"),                                       # 10: a lone surrogate (sqlite cannot store it)
         "[" * 100_000 + "]" * 100_000,                                # 11: nested deeper than a parser recurses
+        request_line("a\u0000b"),                                    # 12: NUL (PostgreSQL text cannot hold it)
     ])
     response = upload(client, content)
     assert response.status_code == 400
@@ -142,7 +143,8 @@ def test_upload_names_every_bad_line_and_stores_nothing(client, store):
                            (3, "'custom_id' is missing"), (4, "method must be 'POST'"),
                            (5, "url '/v1/embeddings' is not supported"), (6, "custom_id 'ok-1' repeats line 1"),
                            (7, "'body' must be a JSON object"), (8, "empty line"), (9, "unknown field 'priority'"),
-                           (10, "holds a lone UTF-16 surrogate"), (11, "not valid JSON (nested too deeply)")]:
+                           (10, "holds a lone UTF-16 surrogate"), (11, "not valid JSON (nested too deeply)"),
+                           (12, "custom_id must not contain NUL")]:
         assert f"line {line_no}: {words}" in error["message"]
     assert "line 1:" not in error["message"]
     assert list(store.files_dir.iterdir()) == []
@@ -225,29 +227,30 @@ def test_a_200_line_batch_answers_every_custom_id_once_in_openai_output_format(c
     assert client.get(f"/v1/files/{final['output_file_id']}/content", headers=as_team("team-b")).status_code == 404
 
 
-def test_restart_in_the_middle_and_after_a_crash_answers_every_custom_id_exactly_once(client, tmp_path):
+def test_restart_in_the_middle_and_after_a_crash_answers_every_custom_id_exactly_once(client, database_url,
+                                                                                       tmp_path):
     custom_ids = [f"req-{i:03d}" for i in range(200)]
     batch = create_batch(client, [request_line(c) for c in custom_ids])
     first, second = RecordingExecute(notify_after=60), RecordingExecute()
 
     async def run_until_stopped_midway() -> None:
-        runner = fast_runner(new_store(tmp_path), first, max_in_flight=4)
+        runner = fast_runner(new_store(database_url, tmp_path), first, max_in_flight=4)
         await runner.start()
         await first.reached.wait()
         await runner.stop()          # clean stop: the lines in flight finish and are stored
 
     asyncio.run(run_until_stopped_midway())
-    midway = new_store(tmp_path).get_batch(batch["id"], "team-a")
+    midway = new_store(database_url, tmp_path).get_batch(batch["id"], "team-a")
     assert midway["status"] == "in_progress"
     assert midway["request_counts"]["completed"] == len(first.calls) < 200
 
     # A crash: a runner claimed four lines (maybe even ran them) and died before storing results.
-    crashed_store = new_store(tmp_path)
+    crashed_store = new_store(database_url, tmp_path)
     abandoned = crashed_store.claim(4, time.time())
     crashed_store.engine.dispose()
 
     async def resume() -> dict:
-        runner = fast_runner(new_store(tmp_path), second, max_in_flight=4)
+        runner = fast_runner(new_store(database_url, tmp_path), second, max_in_flight=4)
         await runner.start()         # recovers the four abandoned lines
         final = await wait_until_final(runner.store, batch["id"])
         await runner.stop()
@@ -353,6 +356,26 @@ def test_the_runner_starts_nothing_while_interactive_load_asks_it_to_yield(clien
     calls_while_busy, final = asyncio.run(run())
     assert calls_while_busy == 0
     assert final["status"] == "completed" and len(execute.calls) == 10
+
+
+def upload_named(client, filename: str):
+    """An upload whose multipart header carries `filename` byte for byte (httpx would percent-encode a NUL)."""
+    body = (b'--b\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="file"; filename="' + filename.encode() + b'"\r\n'
+            b"Content-Type: application/jsonl\r\n\r\n" + jsonl([request_line("a")]) + b"\r\n--b--\r\n")
+    return client.post("/v1/files", content=body,
+                       headers={**as_team("team-a"), "content-type": "multipart/form-data; boundary=b"})
+
+
+def test_a_file_name_no_database_can_store_is_refused(client, store):
+    for name in ["x" * 513, "a\x00b.jsonl"]:
+        response = upload_named(client, name)
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "file" and "at most 512 characters" in response.text
+    assert list(store.files_dir.iterdir()) == []
+    longest = "x" * 512
+    kept = upload_named(client, longest)
+    assert kept.status_code == 200 and kept.json()["filename"] == longest
 
 
 def test_an_upload_over_the_size_limit_is_refused(store):

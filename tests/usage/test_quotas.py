@@ -142,8 +142,8 @@ def test_keys_have_separate_buckets_and_keyless_requests_are_not_limited():
     assert admit(limiter, None, "r4", 10**9) is None
 
 
-def test_stored_limits_override_the_defaults(tmp_path):
-    store = KeyLimitStore(create_engine(f"sqlite:///{tmp_path / 'limits.db'}"),
+def test_stored_limits_override_the_defaults(database_url):
+    store = KeyLimitStore(create_engine(database_url),
                           QuotaSettings(requests_per_min=60, tokens_per_min=10_000))
     assert asyncio.run(store.limits_for("rs-plain")) == KeyLimits(60, 10_000)
     store.set("rs-small", requests_per_min=5, tokens_per_min=None)   # NULL tokens: the default
@@ -152,6 +152,8 @@ def test_stored_limits_override_the_defaults(tmp_path):
     assert asyncio.run(store.limits_for("rs-free")) == KeyLimits(None, None)
     store.set("rs-small", requests_per_min=7, tokens_per_min=100)
     assert asyncio.run(KeyLimitStore(store.engine, store.defaults).limits_for("rs-small")) == KeyLimits(7, 100)
+    store.set("rs-huge", requests_per_min=2**40, tokens_per_min=2**50)   # 64-bit columns on every database
+    assert asyncio.run(store.limits_for("rs-huge")) == KeyLimits(2**40, 2**50)
 
 
 class ThreadRecordingLimitStore(KeyLimitStore):
@@ -166,8 +168,8 @@ class ThreadRecordingLimitStore(KeyLimitStore):
         return super()._read(key_prefix)
 
 
-def test_limits_are_read_off_the_event_loop_once_per_cache_period(tmp_path):
-    store = ThreadRecordingLimitStore(create_engine(f"sqlite:///{tmp_path / 'limits.db'}"),
+def test_limits_are_read_off_the_event_loop_once_per_cache_period(database_url):
+    store = ThreadRecordingLimitStore(create_engine(database_url),
                                       QuotaSettings(requests_per_min=60, limits_cache_s=60))
 
     async def three_requests():

@@ -26,11 +26,6 @@ DAY0 = dt.datetime(2025, 3, 1, tzinfo=dt.timezone.utc).timestamp()
 
 
 @pytest.fixture
-def database_url(tmp_path):
-    return f"sqlite:///{tmp_path / 'usage.db'}"
-
-
-@pytest.fixture
 def store(database_url):
     return UsageStore(create_engine(database_url))
 
