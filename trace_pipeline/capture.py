@@ -24,6 +24,10 @@ When the queue is full, settings.full_policy decides: "block" waits for room
 overflow WAL segment itself (in a worker thread, fsync'ed, so also durable on
 return), sealed with the others later. Nothing is dropped either way; the
 `blocked_waits` / `spilled` counters and a log line say it happened.
+
+A seal that fails (an object store that is down, a full disk) leaves its segment in the WAL, where every
+acknowledged record stays; the sealer tries the WAL's segments again every seal_retry_s until it succeeds
+(counter `seal_errors` per failed try), also when no new record comes.
 """
 from __future__ import annotations
 
@@ -95,7 +99,7 @@ class TraceCapture:
     def __init__(self, settings: TraceSettings, *, store: TraceStore | None = None,
                  redactor: Redactor | None = None):
         self.settings = settings
-        self.store = store or TraceStore(settings.dir, settings.zstd_level)
+        self.store = store or TraceStore.from_settings(settings)
         self._redact = redactor or (redact_record if settings.redact else None)
         self._handoff = Handoff(settings.queue_size)
         self._spill = SpillLog(self.store)
@@ -117,8 +121,15 @@ class TraceCapture:
     # ---- lifecycle ---------------------------------------------------------------
 
     def start(self) -> None:
-        """Recovers what a dead writer left in the WAL, then starts the writer thread."""
-        self._count("recovered", self.store.recover())
+        """Recovers what a dead writer left in the WAL, then starts the writer thread. When recovery cannot seal
+        (an object store that is down), capture starts anyway: the WAL keeps the records and the sealer retries."""
+        try:
+            self._count("recovered", self.store.recover())
+        except Exception:
+            log.exception("recovery could not seal the WAL into %s; the WAL keeps it, the sealer retries every "
+                          "%s s", self.store.sealed.uri, self.settings.seal_retry_s)
+            self._count("seal_errors")
+            self._seal_failed = True
         self._thread = threading.Thread(target=self._run, name="trace-writer", daemon=True)
         self._sealer = threading.Thread(target=self._run_sealer, name="trace-sealer", daemon=True)
         self._sweeper = threading.Thread(target=self._run_sweeper, name="trace-retention", daemon=True)
@@ -290,11 +301,17 @@ class TraceCapture:
     # ---- sealer thread -----------------------------------------------------------
 
     def _run_sealer(self) -> None:
-        while (job := self._to_seal.get()) is not None:
+        while True:
+            try:   # after a failure, wait at most seal_retry_s for the next job, then retry anyway
+                job = self._to_seal.get(timeout=self.settings.seal_retry_s if self._seal_failed else None)
+            except queue.Empty:
+                self._retry_failed_seals()
+                continue
+            if job is None:
+                break
             try:
                 if self._seal_failed:
-                    self._seal_failed = False
-                    self._count("sealed", self.store.recover())   # retries earlier segments
+                    self._retry_failed_seals()
                 if job.records is None:
                     self._count("sealed", self.store.seal_wal_file(job.segment.path))
                 else:
@@ -308,6 +325,16 @@ class TraceCapture:
             finally:
                 job.segment.close()
 
+    def _retry_failed_seals(self) -> None:
+        """Seals the segments earlier failures left in the WAL (closed, so recovery can claim them)."""
+        self._seal_failed = False
+        try:
+            self._count("sealed", self.store.recover())
+        except Exception:
+            log.warning("sealing the WAL into %s failed again; the WAL keeps it, the next try is in %s s",
+                        self.store.sealed.uri, self.settings.seal_retry_s, exc_info=True)
+            self._count("seal_errors")
+            self._seal_failed = True
 
     # ---- retention thread --------------------------------------------------------
 

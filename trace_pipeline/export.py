@@ -7,6 +7,9 @@
 
 Only sealed records are exported; by default export first seals what a dead writer
 left in the WAL (recovery), so nothing acknowledged is missed after a crash.
+
+The store is a directory (its sealed files under it) or a TraceStore, whose sealed files may be
+in an S3-compatible object store (settings.sealed_uri): export reads them through it either way.
 """
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ RAW_SCHEMA = pa.schema(list(TRACE_SCHEMA) + [
 ])
 
 
-def export(store_dir: Path | str, out_dir: Path | str, fmt: str, team: str, *,
+def export(store: TraceStore | Path | str, out_dir: Path | str, fmt: str, team: str, *,
            since: float | None = None, until: float | None = None, model: str | None = None,
            policy_version: int | None = None, session_id: str | None = None,
            progress: bool = True, recover: bool = True) -> int:
@@ -76,11 +79,12 @@ def export(store_dir: Path | str, out_dir: Path | str, fmt: str, team: str, *,
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     out_dir = Path(out_dir)
-    if not Path(store_dir).is_dir():
-        raise FileNotFoundError(f"no trace store at {store_dir}")
+    if not isinstance(store, TraceStore):
+        if not Path(store).is_dir():
+            raise FileNotFoundError(f"no trace store at {store}")
+        store = TraceStore(store)
     if out_dir.exists() and any(out_dir.glob("*.parquet")):
         raise FileExistsError(f"{out_dir} already holds Parquet files; export into an empty directory")
-    store = TraceStore(store_dir)
     if recover:
         store.recover()
     table = store.read_table(team, since=since, until=until, model=model,

@@ -7,11 +7,13 @@ to sealed traces and to reward rows alike:
   holds no more; other teams' records are never touched.
 
 A team's trace bytes are its rows' share of each Parquet file (file size x its rows / the file's rows):
-files mix teams, so that is the fair split of what is on disk. Its reward bytes are its rows' WAL frames.
+files mix teams, so that is the fair split of what is stored (on disk, or in the object store of
+settings.sealed_uri: the sweep reads, rewrites and deletes sealed files through store.sealed, either way). Its reward bytes are its rows' WAL frames.
 Traces go one sealed file's worth of the team's rows at a time, oldest file first (by the oldest of its
 rows), so a sweep may remove up to one file's worth more than the budget needs; reward rows go one by one.
 
-A file losing rows is rewritten without them (atomically, same name); a file losing all is deleted. Records
+A file losing rows is rewritten without them (whole, same name: trace_pipeline/sealed.py); a file losing all is
+deleted. Records
 not yet sealed (still in the WAL) are never removed, nor a sealed file whose segment is still in the WAL
 (a crash between sealing and deleting the segment: recovery would write the file again), nor a rewards log
 another live process is appending to.
@@ -28,12 +30,12 @@ from pathlib import Path
 from typing import TypeVar
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.fs as pafs
 
 from trace_pipeline import codec
+from trace_pipeline.sealed import stem
 from trace_pipeline.settings import TraceSettings
 from trace_pipeline.store import TraceStore, claim_dead_segment
-from trace_pipeline.tables import write_parquet_atomically
 from trace_pipeline.wal import FRAME_HEADER, SUFFIX, read_frames, write_segment_atomically
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ def oldest_beyond_budget(items: Iterable[T], size: Callable[[T], float], created
 
 @dataclass
 class _SealedFile:
-    path: Path
+    path: str   # in store.sealed.fs
     size: int
     teams: list[str]
     created_at: list[float]
@@ -104,7 +106,7 @@ class _SealedFile:
 
 def _sweep_traces(store: TraceStore, cutoff: float | None, budget: int | None, zstd_level: int,
                   result: SweepResult) -> None:
-    files = [_read_sealed(path) for path in store.sealed_files() if not _segment_still_in_wal(store, path)]
+    files = [_read_sealed(store, info) for info in store.sealed_files() if not _segment_still_in_wal(store, info)]
     if cutoff is not None:
         for f in files:
             f.removed.update(i for i, created in enumerate(f.created_at) if created < cutoff)
@@ -113,16 +115,16 @@ def _sweep_traces(store: TraceStore, cutoff: float | None, budget: int | None, z
             _trim_team(files, team, budget)
     for f in files:
         if f.removed:
-            _rewrite_without(f, zstd_level, result)
+            _rewrite_without(store, f, zstd_level, result)
 
 
-def _read_sealed(path: Path) -> _SealedFile:
-    table = pq.read_table(path, columns=["team", "created_at"])
-    return _SealedFile(path, path.stat().st_size, table["team"].to_pylist(), table["created_at"].to_pylist())
+def _read_sealed(store: TraceStore, info: pafs.FileInfo) -> _SealedFile:
+    table = store.sealed.read(info.path, columns=["team", "created_at"])
+    return _SealedFile(info.path, info.size, table["team"].to_pylist(), table["created_at"].to_pylist())
 
 
-def _segment_still_in_wal(store: TraceStore, path: Path) -> bool:
-    return (store.wal_dir / f"{path.stem}{SUFFIX}").exists()
+def _segment_still_in_wal(store: TraceStore, info: pafs.FileInfo) -> bool:
+    return (store.wal_dir / f"{stem(info.path)}{SUFFIX}").exists()
 
 
 def _trim_team(files: list[_SealedFile], team: str, budget: int) -> None:
@@ -134,16 +136,16 @@ def _trim_team(files: list[_SealedFile], team: str, budget: int) -> None:
         f.removed.update(rows)
 
 
-def _rewrite_without(f: _SealedFile, zstd_level: int, result: SweepResult) -> None:
+def _rewrite_without(store: TraceStore, f: _SealedFile, zstd_level: int, result: SweepResult) -> None:
     for i in f.removed:
         result.by_team[f.teams[i]] += 1
     result.traces_removed += len(f.removed)
     if len(f.removed) == len(f.teams):
-        f.path.unlink(missing_ok=True)
+        store.sealed.delete(f.path)
         return
-    table = pq.read_table(f.path)
+    table = store.sealed.read(f.path)
     keep = pa.array([i not in f.removed for i in range(table.num_rows)])
-    write_parquet_atomically(table.filter(keep), f.path, zstd_level)
+    store.sealed.write(table.filter(keep), f.path, zstd_level)
 
 
 # ---- rewards ---------------------------------------------------------------------------------------

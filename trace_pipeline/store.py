@@ -1,10 +1,14 @@
-"""A directory of traces: WAL segments, sealed Parquet partitions, the rewards log.
+"""A store of traces: WAL segments, sealed Parquet partitions, the rewards log.
 
-Layout under root:
+Layout under root (a local directory):
     wal/<segment>.wal                         acknowledged records not yet sealed
     traces/date=YYYY-MM-DD/model=<quoted>/policy_version=<n>/<segment>.parquet
     rewards/<log>.wal                         the append-only rewards side table
 Every directory is 0700 and every file 0600: they hold every team's prompts.
+
+The sealed files may live elsewhere instead of root/traces: another directory, or an S3-compatible object store
+(settings.sealed_uri; trace_pipeline/sealed.py). The same partitions and names go under that root; every read
+and write of sealed files goes through `self.sealed`, the same code for both.
 
 Life of a record: appended to a WAL segment and fsync'ed (acknowledged), later
 sealed: written to Parquet files named after its segment (atomic rename), and
@@ -27,12 +31,13 @@ from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
+import pyarrow.fs as pafs
 
 from trace_pipeline import codec
 from trace_pipeline.records import RewardRecord, TraceRecord
-from trace_pipeline.tables import TRACE_SCHEMA, make_dirs_durably, records_to_table, write_parquet_atomically
+from trace_pipeline.sealed import SealedFiles
+from trace_pipeline.settings import S3Settings, TraceSettings
+from trace_pipeline.tables import TRACE_SCHEMA, make_dirs_durably, records_to_table
 from trace_pipeline.wal import PRIVATE_DIR, SUFFIX, WalSegment, fsync_dir, read_frames
 
 log = logging.getLogger(__name__)
@@ -52,19 +57,28 @@ def unique_name(prefix: str) -> str:
 
 
 class TraceStore:
-    def __init__(self, root: Path | str, zstd_level: int = 3):
+    def __init__(self, root: Path | str, zstd_level: int = 3, *, sealed_uri: str | None = None,
+                 s3: S3Settings | None = None):
+        """root: the local directory of the WAL and the rewards log; sealed_uri: where sealed files go (None:
+        root/traces; an absolute directory; s3://bucket/prefix, reached as s3 says)."""
         self.root = Path(root)
         self.wal_dir = self.root / "wal"
-        self.traces_dir = self.root / "traces"
         self.rewards_dir = self.root / "rewards"
-        for directory in (self.wal_dir, self.traces_dir, self.rewards_dir):
+        for directory in (self.wal_dir, self.rewards_dir):
             make_dirs_durably(directory)
-        for directory in (self.root, self.wal_dir, self.traces_dir, self.rewards_dir):
+        for directory in (self.root, self.wal_dir, self.rewards_dir):
             directory.chmod(PRIVATE_DIR)   # also a store made before files were private
+        self.sealed = SealedFiles.open(sealed_uri or self.root / "traces", s3)
         self.zstd_level = zstd_level
         self._owners = OwnerIndex()
         self._rewards_log: WalSegment | None = None
         self._rewards_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: TraceSettings, root: Path | str | None = None) -> TraceStore:
+        """The store these settings describe (root: instead of settings.dir)."""
+        return cls(settings.dir if root is None else root, settings.zstd_level,
+                   sealed_uri=settings.sealed_uri, s3=settings.s3)
 
     # ---- writing ---------------------------------------------------------------
 
@@ -81,17 +95,18 @@ class TraceStore:
 
     def seal(self, segment_path: Path, records: list[TraceRecord]) -> int:
         """Writes the segment's records as Parquet (one file per partition), then deletes
-        the segment. Returns the number of records sealed."""
+        the segment. Returns the number of records sealed. When a file cannot be written (an object store
+        that is down) this raises and the segment stays, for a retry."""
         by_partition: dict[str, list[TraceRecord]] = defaultdict(list)
         for record in records:
             by_partition[partition_path(record)].append(record)
         for partition, group in by_partition.items():
-            path = self.traces_dir / partition / f"{segment_path.stem}.parquet"
-            write_parquet_atomically(records_to_table(group), path, self.zstd_level)
+            path = self.sealed.path_of(partition, f"{segment_path.stem}.parquet")
+            self.sealed.write(records_to_table(group), path, self.zstd_level)
         segment_path.unlink(missing_ok=True)
         fsync_dir(self.wal_dir)
-        log.info("sealed %d records from %s into %d parquet file(s)",
-                 len(records), segment_path.name, len(by_partition))
+        log.info("sealed %d records from %s into %d parquet file(s) in %s",
+                 len(records), segment_path.name, len(by_partition), self.sealed.uri)
         return len(records)
 
     def recover(self) -> int:
@@ -123,20 +138,24 @@ class TraceStore:
     # ---- reading ---------------------------------------------------------------
 
     def sealed_files(self, *, since: float | None = None, until: float | None = None,
-                     model: str | None = None, policy_version: int | None = None) -> list[Path]:
-        """Parquet files whose partition can hold matching records (pruned by path)."""
+                     model: str | None = None, policy_version: int | None = None) -> list[pafs.FileInfo]:
+        """Sealed files (path in self.sealed.fs, size) whose partition can hold matching records (pruned by
+        path)."""
         first_day = utc_date(since) if since is not None else None
         last_day = utc_date(until) if until is not None else None
         files = []
-        for path in sorted(self.traces_dir.glob("date=*/model=*/policy_version=*/*.parquet")):
-            day = path.parts[-4].removeprefix("date=")
+        for info in self.sealed.list():
+            parts = self.sealed.relative(info.path).split("/")
+            if len(parts) != 4 or not parts[0].startswith("date=") or not parts[1].startswith("model="):
+                continue   # not a partition file of this store
+            day, quoted_model, version = parts[0].removeprefix("date="), parts[1].removeprefix("model="), parts[2]
             if first_day and day < first_day or last_day and day > last_day:
                 continue
-            if model is not None and unquote(path.parts[-3].removeprefix("model=")) != model:
+            if model is not None and unquote(quoted_model) != model:
                 continue
-            if policy_version is not None and path.parts[-2] != f"policy_version={policy_version}":
+            if policy_version is not None and version != f"policy_version={policy_version}":
                 continue
-            files.append(path)
+            files.append(info)
         return files
 
     def read_table(self, team: str, *, since: float | None = None, until: float | None = None,
@@ -153,7 +172,7 @@ class TraceStore:
             condition &= pc.field("created_at") < until
         if session_id is not None:
             condition &= pc.field("session_id") == session_id
-        dataset = ds.dataset([str(f) for f in files], schema=TRACE_SCHEMA, format="parquet")
+        dataset = self.sealed.dataset([f.path for f in files], TRACE_SCHEMA)
         return dataset.to_table(columns=columns, filter=condition)
 
     # ---- ownership (which team a request or session belongs to) -----------------
@@ -221,7 +240,7 @@ class OwnerIndex:
     def __init__(self):
         self._teams = {"request": defaultdict(set), "session": defaultdict(set)}
         self._choices: dict[str, set[int]] = defaultdict(set)
-        self._indexed_files: set[Path] = set()
+        self._indexed_files: set[str] = set()
         self._lock = threading.Lock()
 
     def lookup(self, store: TraceStore, kind: str, key: str) -> set[str]:
@@ -250,10 +269,10 @@ class OwnerIndex:
                     self._add(owner.request_id, owner.session_id, owner.team, owner.choice_index)
             except FileNotFoundError:
                 continue
-        for path in store.sealed_files():
-            if path in self._indexed_files:
+        for info in store.sealed_files():
+            if info.path in self._indexed_files:
                 continue
-            table = pq.read_table(path, columns=["request_id", "session_id", "team", "choice_index"])
+            table = store.sealed.read(info.path, columns=["request_id", "session_id", "team", "choice_index"])
             for request_id, session_id, team, choice_index in zip(*(table[c].to_pylist() for c in table.column_names)):
                 self._add(request_id, session_id, team, choice_index)
-            self._indexed_files.add(path)
+            self._indexed_files.add(info.path)

@@ -62,6 +62,9 @@ NUMBER_LISTS = {"prompt_token_ids": np.int64, "completion_token_ids": np.int64,
                 "completion_logprobs": np.float64, "inter_token_ms": np.float64}
 STRING_COLUMNS = [f.name for f in TRACE_SCHEMA if pa.types.is_string(f.type)]
 CHUNK_RECORDS = 1024   # keeps each list column's int32 offsets far from overflowing
+# How every sealed file is written (plus the compression level). Dictionary encoding only pays off for strings;
+# trying it on token ids costs time.
+PARQUET_OPTIONS = {"compression": "zstd", "row_group_size": 4096, "use_dictionary": STRING_COLUMNS}
 
 
 def records_to_table(records: list[TraceRecord]) -> pa.Table:
@@ -107,9 +110,7 @@ def write_parquet_atomically(table: pa.Table, path: Path, zstd_level: int) -> No
     """
     make_dirs_durably(path.parent)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    # Dictionary encoding only pays off for strings; trying it on token ids costs time.
-    pq.write_table(table, tmp, compression="zstd", compression_level=zstd_level,
-                   row_group_size=4096, use_dictionary=STRING_COLUMNS)
+    pq.write_table(table, tmp, compression_level=zstd_level, **PARQUET_OPTIONS)
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fchmod(fd, PRIVATE_FILE)

@@ -38,10 +38,12 @@ log = logging.getLogger(__name__)
 ID_KEYS = ("id", "episode_id", "example_id", "trace_id")
 
 
-def import_verifiers(store_dir: Path | str, traces_jsonl: Path | str, team: str, model: str, *,
+def import_verifiers(store: TraceStore | Path | str, traces_jsonl: Path | str, team: str, model: str, *,
                      policy_version: int = 0, redact: bool = True) -> int:
-    """Stores every sampled node of every trace in traces_jsonl; returns records stored."""
-    store = TraceStore(store_dir)
+    """Stores every sampled node of every trace in traces_jsonl (into a store, or the store in a directory);
+    returns records stored."""
+    if not isinstance(store, TraceStore):
+        store = TraceStore(store)
     records: list[TraceRecord] = []
     rewards: list[RewardRecord] = []
     now = time.time()

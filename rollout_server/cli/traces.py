@@ -3,7 +3,9 @@
     rollout-serve traces export --format sft|rl|raw --out DIR --team T [filters]
     rollout-serve traces import-verifiers FILE --team T --model M [--policy-version N]
 
-The store is --store, else the front door's trace directory (rollout_server.settings).
+The store is --store, else the front door's trace directory (rollout_server.settings); its sealed files are
+where --sealed-uri says, else traces.sealed_uri (environment: ROLLOUT_SERVE_TRACES__SEALED_URI, with
+ROLLOUT_SERVE_TRACES__S3__* or the AWS variables for an s3:// one), else under the store.
 """
 from __future__ import annotations
 
@@ -13,11 +15,21 @@ from pathlib import Path
 from rollout_server.settings import Settings
 from rollout_server.times import unix_time
 from trace_pipeline.export import FORMATS, export
+from trace_pipeline.store import TraceStore
 from trace_pipeline.verifiers_import import import_verifiers
 
 
-def default_store() -> Path:
-    return Settings().trace_dir
+def open_store(args: argparse.Namespace, *, existing: bool) -> TraceStore:
+    """The store --store and --sealed-uri name, over the settings (environment, defaults); existing: refuse a
+    directory that holds no store yet (an export would find nothing in it)."""
+    settings = Settings()
+    store_dir = args.store or settings.trace_dir
+    if existing and not store_dir.is_dir():
+        raise FileNotFoundError(f"no trace store at {store_dir}")
+    traces = settings.traces
+    if args.sealed_uri is not None:
+        traces = traces.model_validate(traces.model_dump() | {"sealed_uri": args.sealed_uri})
+    return TraceStore.from_settings(traces, root=store_dir)
 
 
 def add_traces_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +41,8 @@ def add_traces_commands(subparsers: argparse._SubParsersAction) -> None:
     exp.add_argument("--out", type=Path, required=True, help="output directory (empty or new)")
     exp.add_argument("--team", required=True, help="only this team's traces are exported")
     exp.add_argument("--store", type=Path, default=None, help="trace store directory")
+    exp.add_argument("--sealed-uri", default=None, help="where its sealed files are: a directory or "
+                     "s3://bucket/prefix (default: traces.sealed_uri, else under the store)")
     exp.add_argument("--since", type=unix_time, help="created at or after (unix s or ISO time)")
     exp.add_argument("--until", type=unix_time, help="created before (unix s or ISO time)")
     exp.add_argument("--model")
@@ -43,11 +57,12 @@ def add_traces_commands(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--model", required=True)
     imp.add_argument("--policy-version", type=int, default=0)
     imp.add_argument("--store", type=Path, default=None)
+    imp.add_argument("--sealed-uri", default=None, help="as for export")
     imp.set_defaults(run=run_import)
 
 
 def run_export(args: argparse.Namespace) -> int:
-    rows = export(args.store or default_store(), args.out, args.format, args.team,
+    rows = export(open_store(args, existing=True), args.out, args.format, args.team,
                   since=args.since, until=args.until, model=args.model,
                   policy_version=args.policy_version, session_id=args.session,
                   progress=not args.no_progress)
@@ -56,7 +71,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    records = import_verifiers(args.store or default_store(), args.traces_jsonl, args.team,
+    records = import_verifiers(open_store(args, existing=False), args.traces_jsonl, args.team,
                                args.model, policy_version=args.policy_version)
     print(f"imported {records} records from {args.traces_jsonl}")
     return 0

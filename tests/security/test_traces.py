@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
@@ -154,9 +153,9 @@ def request_ids(store: TraceStore, team: str) -> list[str]:
 def team_bytes(store: TraceStore, team: str) -> float:
     """What retention charges a team: its rows' share of each sealed file."""
     total = 0.0
-    for path in store.sealed_files():
-        teams = pq.read_table(path, columns=["team"])["team"].to_pylist()
-        total += path.stat().st_size * teams.count(team) / len(teams)
+    for sealed_file in store.sealed_files():
+        teams = store.sealed.read(sealed_file.path, columns=["team"])["team"].to_pylist()
+        total += sealed_file.size * teams.count(team) / len(teams)
     return total
 
 

@@ -4,6 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from conftest import sealed_in
+
 from trace_pipeline.capture import TraceCapture
 from trace_pipeline.settings import TraceSettings
 
@@ -11,10 +14,18 @@ CHILD = Path(__file__).parent / "child_writer.py"
 ACKS_BEFORE_KILL = 1500
 
 
-def test_kill_9_during_heavy_writing_loses_no_acknowledged_record(tmp_path):
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_kill_9_during_heavy_writing_loses_no_acknowledged_record(tmp_path, request, where):
+    """Sealing to S3 too: the WAL is local, and what the kill left in it is sealed to S3 on restart."""
     store_dir = tmp_path / "store"
+    sealed = sealed_in(where, request)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
-    child = subprocess.Popen([sys.executable, str(CHILD), str(store_dir)], stdout=subprocess.PIPE,
+    argv = [sys.executable, str(CHILD), str(store_dir)]
+    if where == "s3":
+        server = request.getfixturevalue("s3_server")
+        env.update(server.environment())
+        argv += [sealed["sealed_uri"], server.endpoint_url]
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True, env=env)
     acked = []
     try:
@@ -30,7 +41,7 @@ def test_kill_9_during_heavy_writing_loses_no_acknowledged_record(tmp_path):
     assert child.returncode == -signal.SIGKILL
     acked += [line.split()[1] for line in child.stdout.read().splitlines()]   # acks still in the pipe
 
-    capture = TraceCapture(TraceSettings(dir=store_dir))
+    capture = TraceCapture(TraceSettings(dir=store_dir, **sealed))
     capture.start()   # recovery
     capture.close()
     stored = capture.store.read_table("team-a", columns=["request_id"])["request_id"].to_pylist()

@@ -1,5 +1,6 @@
 import datasets
 import pytest
+from conftest import sealed_in
 from trace_factory import make_record
 
 from rollout_server.cli import main as cli_main
@@ -7,6 +8,7 @@ from trace_pipeline.capture import TraceCapture
 from trace_pipeline.export import export
 from trace_pipeline.rewards import RewardInput, attach_rewards
 from trace_pipeline.settings import TraceSettings
+from trace_pipeline.store import TraceStore
 
 T0 = 1_700_000_000.0
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "adds",
@@ -34,10 +36,12 @@ def session_records():
     return [turn1, turn2, turn3, other, foreign]
 
 
-@pytest.fixture(scope="module")
-def store_dir(tmp_path_factory):
+@pytest.fixture(scope="module", params=["local", "s3"])
+def store(request, tmp_path_factory) -> TraceStore:
+    """The session records, written through the real writer, sealed locally or to S3 (each test runs on both)."""
     store_dir = tmp_path_factory.mktemp("export") / "store"
-    capture = TraceCapture(TraceSettings(dir=store_dir, flush_every_s=60))
+    settings = TraceSettings(dir=store_dir, flush_every_s=60, **sealed_in(request.param, request))
+    capture = TraceCapture(settings)
     capture.start()
     for rec in session_records():
         capture.record_sync(rec)
@@ -47,23 +51,23 @@ def store_dir(tmp_path_factory):
     ])
     attach_rewards(capture.store, "team-b", [RewardInput(request_id="b1", reward=-7.0)])
     capture.close()
-    return store_dir
+    return TraceStore.from_settings(settings)
 
 
 def load(out_dir):
     return datasets.load_dataset("parquet", data_dir=str(out_dir))["train"]
 
 
-def export_and_load(store_dir, tmp_path, fmt, team="team-a", **filters):
-    rows = export(store_dir, tmp_path / fmt, fmt, team, progress=False, **filters)
+def export_and_load(store, tmp_path, fmt, team="team-a", **filters):
+    rows = export(store, tmp_path / fmt, fmt, team, progress=False, **filters)
     loaded = load(tmp_path / fmt)
     assert len(loaded) == rows
     return loaded
 
 
-def test_rl_rows_are_branches_with_exact_tokens_logprobs_and_joined_rewards(store_dir, tmp_path):
+def test_rl_rows_are_branches_with_exact_tokens_logprobs_and_joined_rewards(store, tmp_path):
     recs = {r.request_id: r for r in session_records()}
-    rows = {r["request_id"]: r for r in export_and_load(store_dir, tmp_path, "rl")}
+    rows = {r["request_id"]: r for r in export_and_load(store, tmp_path, "rl")}
     assert set(rows) == {"t2", "t3", "o1"}
     t1, t2 = recs["t1"], recs["t2"]
     assert rows["t2"]["token_ids"] == t2.prompt_token_ids + t2.completion_token_ids
@@ -80,8 +84,8 @@ def test_rl_rows_are_branches_with_exact_tokens_logprobs_and_joined_rewards(stor
     assert rows["o1"]["policy_versions"] == [-1, 2, 2]
 
 
-def test_sft_rows_are_trl_conversations_with_tools(store_dir, tmp_path):
-    rows = {r["request_id"]: r for r in export_and_load(store_dir, tmp_path, "sft")}
+def test_sft_rows_are_trl_conversations_with_tools(store, tmp_path):
+    rows = {r["request_id"]: r for r in export_and_load(store, tmp_path, "sft")}
     assert set(rows) == {"t2", "t3", "o1"}
     messages = rows["t2"]["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
@@ -90,9 +94,9 @@ def test_sft_rows_are_trl_conversations_with_tools(store_dir, tmp_path):
     assert rows["t3"]["tools"] is None
 
 
-def test_raw_rows_hold_every_record_of_the_team_exactly(store_dir, tmp_path):
+def test_raw_rows_hold_every_record_of_the_team_exactly(store, tmp_path):
     recs = {r.request_id: r for r in session_records()}
-    rows = {r["request_id"]: r for r in export_and_load(store_dir, tmp_path, "raw")}
+    rows = {r["request_id"]: r for r in export_and_load(store, tmp_path, "raw")}
     assert set(rows) == {"t1", "t2", "t3", "o1"}
     for rid, row in rows.items():
         assert row["prompt_token_ids"] == recs[rid].prompt_token_ids
@@ -102,35 +106,42 @@ def test_raw_rows_hold_every_record_of_the_team_exactly(store_dir, tmp_path):
     assert rows["t1"]["is_leaf"] is False and rows["t2"]["is_leaf"] is True
 
 
-def test_a_team_exports_only_its_own_traces_and_rewards(store_dir, tmp_path):
-    rows = export_and_load(store_dir, tmp_path, "rl", team="team-b")
+def test_a_team_exports_only_its_own_traces_and_rewards(store, tmp_path):
+    rows = export_and_load(store, tmp_path, "rl", team="team-b")
     assert [(r["request_id"], r["reward"]) for r in rows] == [("b1", -7.0)]
 
 
-def test_filters_select_records(store_dir, tmp_path):
-    by_model = export_and_load(store_dir, tmp_path / "m", "raw", model="org/other")
+def test_filters_select_records(store, tmp_path):
+    by_model = export_and_load(store, tmp_path / "m", "raw", model="org/other")
     assert by_model["request_id"] == ["o1"]
-    by_version = export_and_load(store_dir, tmp_path / "v", "raw", policy_version=1)
+    by_version = export_and_load(store, tmp_path / "v", "raw", policy_version=1)
     assert sorted(by_version["request_id"]) == ["t1", "t2", "t3"]
-    by_time = export_and_load(store_dir, tmp_path / "t", "raw", since=T0 + 1, until=T0 + 3)
+    by_time = export_and_load(store, tmp_path / "t", "raw", since=T0 + 1, until=T0 + 3)
     assert sorted(by_time["request_id"]) == ["t2", "t3"]
-    by_session = export_and_load(store_dir, tmp_path / "s", "raw", session_id="s2")
+    by_session = export_and_load(store, tmp_path / "s", "raw", session_id="s2")
     assert by_session["request_id"] == ["o1"]
 
 
-def test_cli_export_writes_a_loadable_dataset(store_dir, tmp_path):
+def test_cli_export_writes_a_loadable_dataset(store, tmp_path, monkeypatch, request):
     out = tmp_path / "cli"
-    code = cli_main(["traces", "export", "--store", str(store_dir), "--format", "rl",
+    where = []
+    if not store.sealed.is_local:   # the S3 server named by the environment, as a deployment would name it
+        s3 = request.getfixturevalue("s3_server").settings()
+        monkeypatch.setenv("ROLLOUT_SERVE_TRACES__S3__ENDPOINT_URL", s3.endpoint_url)
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key_id)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_access_key.get_secret_value())
+        where = ["--sealed-uri", store.sealed.uri]
+    code = cli_main(["traces", "export", "--store", str(store.root), *where, "--format", "rl",
                      "--out", str(out), "--team", "team-a", "--model", "org/model-7b",
                      "--since", "2023-11-14T22:13:20", "--no-progress"])
     assert code == 0
     assert sorted(load(out)["request_id"]) == ["t2", "t3"]
 
 
-def test_export_refuses_a_directory_with_parquet_files(store_dir, tmp_path):
-    export(store_dir, tmp_path / "out", "raw", "team-a", progress=False)
+def test_export_refuses_a_directory_with_parquet_files(store, tmp_path):
+    export(store, tmp_path / "out", "raw", "team-a", progress=False)
     with pytest.raises(FileExistsError):
-        export(store_dir, tmp_path / "out", "raw", "team-a", progress=False)
+        export(store, tmp_path / "out", "raw", "team-a", progress=False)
 
 
 def test_choices_of_one_request_are_separate_branches_with_their_own_rewards(tmp_path):
@@ -148,6 +159,6 @@ def test_choices_of_one_request_are_separate_branches_with_their_own_rewards(tmp
 
 
 @pytest.mark.parametrize("fmt", ["rl", "sft", "raw"])
-def test_an_export_without_matching_traces_writes_no_file(store_dir, tmp_path, fmt):
-    assert export(store_dir, tmp_path / fmt, fmt, "team-nobody", progress=False) == 0
+def test_an_export_without_matching_traces_writes_no_file(store, tmp_path, fmt):
+    assert export(store, tmp_path / fmt, fmt, "team-nobody", progress=False) == 0
     assert list((tmp_path / fmt).iterdir()) == []
