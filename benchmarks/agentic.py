@@ -298,6 +298,7 @@ def main() -> None:
     parser.add_argument("--skip-tier", action="store_true")
     parser.add_argument("--skip-transfers", action="store_true", help="no layer-major vs block-major transfers")
     parser.add_argument("--skip-variants", action="store_true", help="only aggregated vs default disaggregated")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the figures go (default: %(default)s)")
     parser.add_argument("--baselines", action="store_true",
                         help="also aggregated and disaggregated without cold sessions (decode capacity alone)")
     opts = parser.parse_args()
@@ -318,6 +319,18 @@ def main() -> None:
         for name, args in order if r % 2 == 0 else order[::-1]:
             runs[f"{name}_r{r}"] = run_stack(f"{name}-r{r}", tmp, w, 2, args)
     if not opts.skip_variants:
+        # Twice the warm sessions and cold arrivals twice as often: both aggregated workers carry decode, and one
+        # prefill core is busy most of the time. Where the default load leaves the two apart, this one does not.
+        heavy = dataclasses.replace(w, warm_sessions=2 * w.warm_sessions, cold_sessions=2 * w.cold_sessions,
+                                    cold_interval_s=w.cold_interval_s / 2)
+        fig.update({f"heavy_workload_{k}": getattr(heavy, k) for k in ("warm_sessions", "cold_sessions",
+                                                                        "cold_interval_s")})
+        runs["agg_heavy"] = run_stack("agg-heavy", tmp, heavy, 2, [])
+        runs["disagg_heavy"] = run_stack("disagg-heavy", tmp, heavy, 2, default_disagg)
+        # Dynamo's load-aware conditional disaggregation: a prompt is prefilled on the decode worker while the
+        # prefill worker holds more than a budget of pending prefill tokens (not the default: see docs/benchmarks.md).
+        runs["disagg_heavy_load_aware"] = run_stack("disagg-heavy-load-aware", tmp, heavy, 2,
+                                                    default_disagg + ["--disagg-local-when-prefill-busy", "1.0"])
         runs["disagg_always_remote"] = run_stack("disagg-always-remote", tmp, w, 2,
                                                  disagg + ["--disagg-local-max-uncached-tokens", "0"])
         runs["disagg_budget2"] = run_stack(f"disagg-budget-{opts.budgets[1]}", tmp, w, 2,
@@ -338,6 +351,11 @@ def main() -> None:
         fig[f"{figure}_worst_round"] = max(ratios)
         fig.update({f"{figure}_r{r}": ratio for r, ratio in enumerate(ratios)})
     dis = runs["disagg_r0"]
+    if "disagg_heavy" in runs:
+        for key in ("p90_itl_s", "cold_p50_ttft_s", "p50_ttft_s"):
+            for variant in ("disagg_heavy", "disagg_heavy_load_aware"):
+                fig[f"heavy_{key.removesuffix('_s')}_ratio_{variant.removeprefix('disagg_heavy').lstrip('_') or 'default'}"
+                    "_over_agg"] = runs[variant][key] / runs["agg_heavy"][key]
     if "disagg_budget2" in runs:
         fig["prefill_budget_default"], fig["prefill_budget_other"] = opts.budgets
         fig["prefill_cold_ttft_ratio_budget2_over_default"] = (runs["disagg_budget2"]["cold_p50_ttft_s"]
@@ -371,12 +389,12 @@ def main() -> None:
         print("== 4. prefill-to-decode KV transfers: layer-major (vLLM's default) vs block-major (BLHNC)", flush=True)
         fig.update(pd_transfers.measure(tmp, opts.quick))
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(fig, indent=2) + "\n")
-    report(fig, runs)
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    opts.out.write_text(json.dumps(fig, indent=2) + "\n")
+    report(fig, runs, opts.out)
 
 
-def report(fig: dict, runs: dict) -> None:
+def report(fig: dict, runs: dict, out: Path) -> None:
     print("\n   (ITL: per request, then percentiles over requests; gap: between two tokens)")
     print("                          p50 ITL   p90 ITL  p90 gap  max gap  p50 TTFT  returning  cold TTFT  out tok/s")
     for name, s in runs.items():
@@ -403,7 +421,7 @@ def report(fig: dict, runs: dict) -> None:
                 "kv_transfer_ms_p50_default_over_blhnc_tiny"):
         if key in fig:
             print(f"   {key} = {fig[key]}")
-    print(f"\n   wrote {RESULTS}")
+    print(f"\n   wrote {out}")
 
 
 if __name__ == "__main__":

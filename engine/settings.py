@@ -38,6 +38,12 @@ class DisaggregationSettings(BaseModel):
         DISAGG_LOCAL_MIN_CACHED_FRACTION, ge=0.0, le=1.0,
         description="conditional disaggregation: ... AND more than this fraction of the prompt is cached on the "
                     "decode worker")
+    disagg_local_when_prefill_busy: float | None = Field(
+        None, ge=0.0,
+        description="conditional disaggregation, load-aware: a request is also prefilled on its decode worker when "
+                    "every prefill worker holds more pending prefill tokens than this fraction of its budget "
+                    "(prefill_budget_tokens), unless the decode worker is busy (Dynamo's isl_or_load policy); "
+                    "None: by prompt length alone")
     prefill_budget_tokens: int = Field(PREFILL_BUDGET_TOKENS, ge=256,
                                        description="per-step prefill token budget of prefill workers (longer prompts "
                                                    "are prefilled in chunks of this size)")

@@ -34,7 +34,6 @@ import torch
 from engine.kv_tier.formats import KvShape, object_bytes
 from kernels import layouts, nvfp4, page_codec
 
-
 SCALE_BITS = 32  # an FP32 global scale, one bit per block-scale byte
 SIGN = 0x80
 

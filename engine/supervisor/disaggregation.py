@@ -95,11 +95,14 @@ def prefill_budget_args(settings: DisaggregationSettings) -> list[str]:
 
 def conditional_disagg_config(settings: DisaggregationSettings) -> dict:
     """Our thresholds as Dynamo's isl_bounding policy takes them (bypass iff eff_isl < T and eff_isl/isl < R)."""
-    return {
+    config = {
         "policy": "isl_bounding",
         "eff_isl_threshold": settings.disagg_local_max_uncached_tokens,
         "eff_isl_ratio_threshold": round(1.0 - settings.disagg_local_min_cached_fraction, 6),
     }
+    if settings.disagg_local_when_prefill_busy is not None:
+        config.update(policy="isl_or_load", prefill_busy_threshold=settings.disagg_local_when_prefill_busy)
+    return config
 
 
 def frontend_args(settings: DisaggregationSettings) -> list[str]:

@@ -60,6 +60,15 @@ def test_thresholds_reach_dynamos_conditional_disaggregation():
     assert config.conditional_disagg_eff_isl_ratio_threshold == pytest.approx(0.2)
 
 
+def test_a_busy_prefill_threshold_selects_dynamos_load_aware_policy():
+    settings = Settings(prefill_workers=1, decode_workers=1,
+                        disagg_local_when_prefill_busy=1.5).engine.disaggregation
+    config = _dynamo_frontend_config(["--router-mode", "kv"] + disaggregation.frontend_args(settings))
+    assert config.conditional_disagg_policy == "isl_or_load"
+    assert config.conditional_disagg_prefill_busy_threshold == 1.5
+    assert config.conditional_disagg_eff_isl_threshold == settings.disagg_local_max_uncached_tokens
+
+
 def test_zero_threshold_means_always_prefill_remotely():
     settings = Settings(prefill_workers=1, decode_workers=1, disagg_local_max_uncached_tokens=0).engine.disaggregation
     assert disaggregation.frontend_args(settings) == []
