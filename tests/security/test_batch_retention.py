@@ -27,8 +27,8 @@ DAY_S = 86400
 
 
 @pytest.fixture
-def store(tmp_path):
-    return new_store(tmp_path)
+def store(database_url, tmp_path):
+    return new_store(database_url, tmp_path)
 
 
 @pytest.fixture
