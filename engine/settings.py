@@ -115,6 +115,17 @@ class EngineSettings(BaseModel):
                                                     "the round-robin/random modes always go through Dynamo's "
                                                     "frontend)")
     discovery_backend: Literal["file", "etcd"] = Field("file", description="Dynamo discovery: file (one machine) or etcd")
+    etcd_endpoints: str | None = Field(
+        None, description="etcd's client URLs, comma-separated, for discovery_backend etcd (Dynamo's "
+                          "ETCD_ENDPOINTS; default: that variable of the environment, else Dynamo's "
+                          "http://localhost:2379)")
+    cluster: bool = Field(
+        False, description="cluster mode (docs/cluster.md): `up` starts no vLLM workers; workers on any host join "
+                           "with `rollout-serve worker`, found through etcd (sets discovery_backend etcd)")
+    event_broker_port: int = Field(
+        20500, description="cluster mode: the port of the front door's KV-event broker that workers publish to "
+                           "(from their hosts); the KV routers subscribe on the next one. One host: both are "
+                           "picked at start")
     internal_host: IPvAnyAddress = Field(
         IPvAnyAddress("127.0.0.1"),
         description="the address internal planes bind and advertise (Dynamo's request plane and response streams, "
@@ -133,6 +144,14 @@ class EngineSettings(BaseModel):
                     "longer prompt is prefilled in chunks of this size, between decode steps); default: vLLM's "
                     "for the platform (2,048 on CPU)")
     cpu_threads_per_worker: int = Field(1, ge=1, description="OpenMP threads per vLLM CPU worker")
+    mocker_workers: int = Field(
+        0, ge=0,
+        description="simulate the engine: each of the `workers` processes runs Dynamo's mocker engine (python -m "
+                    "dynamo.mocker: simulated timing, real KV events, no model weights) as this many workers, so "
+                    "a fleet of workers x mocker_workers fits one machine (benchmarks/fleet_sim.py). 0: real vLLM "
+                    "workers")
+    mocker_speedup_ratio: float = Field(
+        1.0, gt=0, description="how much faster than its modelled GPU the mocker engine runs (its --speedup-ratio)")
     startup_timeout_s: float = Field(420.0, description="how long `up` waits for every worker to become healthy")
 
     # Requests
@@ -162,6 +181,10 @@ class EngineSettings(BaseModel):
                              "cluster's private interface)")
         if self.disaggregation.enabled and self.disaggregation.disagg_local_max_uncached_tokens and self.router_mode != "kv":
             raise ValueError("conditional disaggregation (disagg_local_max_uncached_tokens > 0) needs router_mode kv")
+        if self.mocker_workers and (self.disaggregation.enabled or self.kv_tier.enabled or self.lora.enable_lora):
+            raise ValueError("mocker_workers simulates aggregated workers only: no disaggregation, KV tier or LoRA")
+        if self.cluster:  # workers of other hosts find the front door, and it them, through etcd alone
+            self.discovery_backend = "etcd"
         if self.pools.pools_file and self.discovery_backend != "file":
             raise ValueError("pools_file needs discovery_backend file: each deployment finds its workers through "
                              "its own discovery directory")

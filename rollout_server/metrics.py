@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from engine.client.embedded_router import ROUTER_METRICS
 from engine.contract import POLICY_LAG
 from rollout_server.serving.finished import FinishedGeneration
 
@@ -129,7 +130,7 @@ class Metrics:
         return self.cached_tokens._value.get() / prompt if prompt else 0.0
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(ROUTER_METRICS)  # + the router call's cost
 
 
 def observe_all(histogram: Histogram, values: list[float]) -> None:

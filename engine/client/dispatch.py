@@ -89,4 +89,6 @@ def client_for(stack: Stack) -> EngineClient:
         discovery_backend=settings.discovery_backend, model_dir=stack.model_dir,
         served_model_name=stack.served_model_name, block_size=settings.block_size,
         session_affinity_ttl_s=settings.session_affinity_ttl_s,
-        host_cache_hit_weight=tier.router_host_weight if tier.enabled else None, timeout_s=settings.request_timeout_s)
+        host_cache_hit_weight=tier.router_host_weight if tier.enabled else None, timeout_s=settings.request_timeout_s,
+        # Dynamo's mocker hashes its blocks without the team's salt (it keeps no one's KV): the router does the same
+        salted_routing=not settings.mocker_workers)

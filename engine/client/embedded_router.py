@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
+from prometheus_client import CollectorRegistry, Histogram
 from tokenizers import Tokenizer
 
 from engine import stream_interval
@@ -49,10 +50,20 @@ log = logging.getLogger(__name__)
 WORKER_ENDPOINT = "dynamo.backend.generate"  # where dynamo.vllm registers an aggregated worker
 FIRST_DISCOVERY_S = 5.0  # how long a new router waits to learn of a first worker
 
+# What the router call costs each request, shown on the front door's /metrics (rollout_server/metrics.py): from
+# the call to Dynamo's router until it hands back the chosen worker's stream (choosing the worker by KV overlap
+# and load, then sending the request to it), as the front door's event loop sees it.
+ROUTER_METRICS = CollectorRegistry()
+ROUTER_CALL = Histogram("rollout_router_call_seconds", "Time in Dynamo's KV router call per request (route and "
+                        "send, until the worker's stream is open)", registry=ROUTER_METRICS,
+                        buckets=(25e-6, 50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 0.0016, 0.0032, 0.0064, 0.0128,
+                                 0.0256, 0.0512, 0.1024, 0.2048, 0.4096, 0.8192))
 
-def preprocessed_request(req: EngineRequest, eos_token_ids: list[int], adapter: bool) -> dict:
+
+def preprocessed_request(req: EngineRequest, eos_token_ids: list[int], adapter: bool, salted_routing: bool = True) -> dict:
     """The request as Dynamo's router and worker take it (its PreprocessedRequest), from what the front door
-    would send Dynamo's frontend."""
+    would send Dynamo's frontend. `salted_routing` False: the router hashes the prompt's blocks without the
+    request's cache salt (the worker still gets it), to match workers whose KV events carry unsalted hashes."""
     s = req.sampling
     stop_conditions = {"max_tokens": req.max_tokens, "min_tokens": s.min_tokens, "ignore_eos": s.ignore_eos,
                        "stop_token_ids": s.stop_token_ids,
@@ -67,7 +78,8 @@ def preprocessed_request(req: EngineRequest, eos_token_ids: list[int], adapter: 
     if req.stream_interval > 1:
         request["annotations"] = [stream_interval.annotation(req.stream_interval)]
     if req.cache_salt:  # the router's block hashes and the worker's cache, each salted
-        request["routing"]["cache_salt"] = req.cache_salt
+        if salted_routing:
+            request["routing"]["cache_salt"] = req.cache_salt
         request["extra_args"] = {"nvext": {"cache_salt": req.cache_salt}}
     if adapter:
         request["routing"]["lora_name"] = req.model
@@ -123,7 +135,7 @@ class EmbeddedRouterClient:
 
     def __init__(self, *, env: dict[str, str], discovery_backend: str, model_dir: Path, served_model_name: str,
                  block_size: int, session_affinity_ttl_s: float, host_cache_hit_weight: float | None = None,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, salted_routing: bool = True):
         self.via = f"in-process KV router ({env.get('DYN_FILE_KV') or discovery_backend})"
         self.env = env
         self.discovery_backend = discovery_backend
@@ -131,6 +143,7 @@ class EmbeddedRouterClient:
         self.block_size = block_size
         self.host_cache_hit_weight = host_cache_hit_weight
         self.timeout_s = timeout_s
+        self.salted_routing = salted_routing
         self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
         self.eos_token_ids = _eos_token_ids(model_dir)
         self.pins = SessionPins(session_affinity_ttl_s)
@@ -190,14 +203,19 @@ class EmbeddedRouterClient:
             raise
 
     async def _send(self, req: EngineRequest, worker_id: int | None):
-        request = preprocessed_request(req, self.eos_token_ids, adapter=req.model != self.served_model_name)
+        request = preprocessed_request(req, self.eos_token_ids, adapter=req.model != self.served_model_name,
+                                       salted_routing=self.salted_routing)
         if req.allowed_workers is not None and worker_id not in req.allowed_workers:
             # Dynamo's router places a request on one named worker or chooses among all: a subset is one of them.
             worker_id = random.choice(sorted(req.allowed_workers))
         if worker_id is not None:
             request["routing"]["backend_instance_id"] = worker_id
         try:
-            return await (await self._kv_router()).generate_from_request(request)
+            router = await self._kv_router()
+            started = time.perf_counter()
+            stream = await router.generate_from_request(request)
+            ROUTER_CALL.observe(time.perf_counter() - started)
+            return stream
         except Exception as exc:
             error = _engine_error(exc, req)
             raise (RefusedBeforeOutput(error) if isinstance(error, EngineUnavailable) else error) from exc

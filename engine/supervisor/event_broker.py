@@ -26,10 +26,19 @@ import zmq
 log = logging.getLogger(__name__)
 
 
+def broker_url(host: str, port: int) -> str:
+    """`DYN_ZMQ_BROKER_URL` of a broker on `host` (an address or a DNS name) whose publishers' port is `port` (its
+    subscribers' the next)."""
+    bracketed = f"[{host}]" if ":" in host else host  # an IPv6 address
+    return f"xsub=tcp://{bracketed}:{port} , xpub=tcp://{bracketed}:{port + 1}"
+
+
 class EventBroker:
     """An XSUB/XPUB proxy on `host`; `url` is the value of `DYN_ZMQ_BROKER_URL` for the deployment's processes."""
 
-    def __init__(self, host: str):
+    def __init__(self, host: str, port: int | None = None):
+        """`port`: publishers connect to it, subscribers to the next one (a cluster's workers name them from
+        other hosts); None: the system picks both."""
         self._context = zmq.Context()
         self._publishers = self._context.socket(zmq.XSUB)   # publishers connect here
         self._subscribers = self._context.socket(zmq.XPUB)  # subscribers connect here
@@ -38,9 +47,19 @@ class EventBroker:
             socket.setsockopt(zmq.LINGER, 0)
             socket.setsockopt(zmq.IPV6, ipv6)
         bracketed = f"[{host}]" if ipv6 else host
-        xsub_port = self._publishers.bind_to_random_port(f"tcp://{bracketed}")
-        xpub_port = self._subscribers.bind_to_random_port(f"tcp://{bracketed}")
-        self.url = f"xsub=tcp://{bracketed}:{xsub_port} , xpub=tcp://{bracketed}:{xpub_port}"
+        if port is None:
+            xsub_port = self._publishers.bind_to_random_port(f"tcp://{bracketed}")
+            xpub_port = self._subscribers.bind_to_random_port(f"tcp://{bracketed}")
+        else:
+            xsub_port, xpub_port = port, port + 1
+            try:
+                self._publishers.bind(f"tcp://{bracketed}:{xsub_port}")
+                self._subscribers.bind(f"tcp://{bracketed}:{xpub_port}")
+            except zmq.ZMQError as exc:
+                self._context.destroy()
+                raise RuntimeError(f"the KV-event broker cannot listen on {bracketed}:{port} and :{port + 1} "
+                                   f"({exc}): choose another --event-broker-port") from exc
+        self.url = broker_url(host, xsub_port)
         self._thread = threading.Thread(target=self._forward, name="kv-event-broker", daemon=True)
         self._thread.start()
         log.info("KV-event broker: %s", self.url)

@@ -74,6 +74,8 @@ def dynamo_env(settings: EngineSettings, discovery_dir: Path, event_broker_url: 
     }
     if settings.discovery_backend == "file":
         env["DYN_FILE_KV"] = str(discovery_dir)
+    elif settings.etcd_endpoints:  # else the processes read ETCD_ENDPOINTS from the environment they inherit
+        env["ETCD_ENDPOINTS"] = settings.etcd_endpoints
     return env
 
 
@@ -92,6 +94,16 @@ def aggregated_worker(settings: EngineSettings, index: int, core: int) -> Worker
     """Worker `index` of a pool's deployment (aggregated; the ports come from the deployment's settings)."""
     return WorkerInfo(index, settings.worker_system_base_port + index, settings.kv_events_base_port + index,
                       core % (os.cpu_count() or 1))
+
+
+def mocker_event_plane(env: dict[str, str]) -> dict[str, str]:
+    """The event plane of a simulated deployment (engine.mocker_workers): direct, not through the broker.
+
+    Dynamo 1.6.1's mocker publishes its KV events to a broker, but no router applies them (routers see no
+    overlap; measured with Dynamo's own frontend too), while in direct mode they arrive. In direct mode each
+    publisher binds every interface and advertises `DYN_EVENT_PLANE_HOST` (loopback by default): acceptable for a
+    simulation, which carries no one's prompts, and the reason real workers keep the broker."""
+    return {name: value for name, value in env.items() if name != "DYN_ZMQ_BROKER_URL"}
 
 
 class Stack:
@@ -132,8 +144,10 @@ class Stack:
         """The environment every Dynamo process of this deployment starts with (the front door's KV router too).
         Its KV-event broker starts with the first call and runs until the deployment stops."""
         if self._event_broker is None:
-            self._event_broker = EventBroker(str(self.settings.internal_host))
-        return dynamo_env(self.settings, self.discovery_dir, self._event_broker.url)
+            fixed_port = self.settings.event_broker_port if self.settings.cluster else None  # workers name it
+            self._event_broker = EventBroker(str(self.settings.internal_host), fixed_port)
+        env = dynamo_env(self.settings, self.discovery_dir, self._event_broker.url)
+        return mocker_event_plane(env) if self.settings.mocker_workers else env
 
     # ---- process specs -------------------------------------------------------------------
 
@@ -152,6 +166,8 @@ class Stack:
         return ProcessSpec("dynamo-frontend", argv, env, self.run_dir / "frontend.log")
 
     def _worker_spec(self, worker: WorkerInfo, env: dict[str, str]) -> ProcessSpec:
+        if self.settings.mocker_workers:
+            return self._mocker_spec(worker, env)
         # vLLM's engine core publishes to the worker's own relay (Dynamo's KvEventPublisher): loopback only. vLLM
         # binds an endpoint only when it reads as a wildcard ("*" or "::" in it) and connects to any other, so
         # loopback is written IPv4-mapped: vLLM binds it, and ZMQ binds it as 127.0.0.1 (the relay connects to it)
@@ -206,6 +222,33 @@ class Stack:
             worker_env["VLLM_CPU_OMP_THREADS_BIND"] = str(worker.cpu)
             worker_env["OMP_NUM_THREADS"] = str(self.settings.cpu_threads_per_worker)
         return ProcessSpec(f"vllm-{worker.role}-worker-{worker.index}", argv, worker_env, self.run_dir / f"worker-{worker.index}.log")
+
+    def _mocker_spec(self, worker: WorkerInfo, env: dict[str, str]) -> ProcessSpec:
+        """Worker process i as Dynamo's mocker engine (engine.mocker_workers): `mocker_workers` simulated workers
+        in one process, each its own Dynamo runtime registered through this deployment's discovery directory,
+        serving on the request plane as dynamo.vllm does and publishing its KV events on Dynamo's direct event
+        plane (mocker_event_plane). The tokenizer is the served model's; there are no weights, no admin routes
+        and no live weight updates."""
+        argv = [
+            sys.executable, "-m", "dynamo.mocker",
+            "--model-path", str(self.model_dir), "--model-name", self.served_model_name,
+            "--num-workers", str(self.settings.mocker_workers),
+            "--block-size", str(self.settings.block_size),
+            "--max-model-len", str(self.settings.max_model_len),
+            "--speedup-ratio", str(self.settings.mocker_speedup_ratio),
+            "--discovery-backend", self.settings.discovery_backend,
+            "--request-plane", "tcp", "--event-plane", "zmq",
+            "--stagger-delay", "0",
+        ]
+        if self.settings.step_token_budget:
+            argv += ["--max-num-batched-tokens", str(self.settings.step_token_budget)]
+        # The process's first runtime answers its system port: ready once it serves `generate`. The others cannot
+        # bind it, so every runtime's model card goes to the discovery directory, not to its system port (where
+        # Dynamo's frontend would find the first runtime's card alone, and route to one worker per process)
+        worker_env = {**env, "DYN_SYSTEM_PORT": str(worker.system_port),
+                      "DYN_SYSTEM_USE_ENDPOINT_HEALTH_STATUS": json.dumps(["generate"]), "DYN_SELF_HOST_METADATA": "0",
+                      "HF_HUB_OFFLINE": "1"}
+        return ProcessSpec(f"mocker-worker-{worker.index}", argv, worker_env, self.run_dir / f"worker-{worker.index}.log")
 
     # ---- host-DRAM KV tier (engine/kv_tier, docs/kv_tier.md) -------------------------------
 
@@ -345,6 +388,24 @@ class Stack:
 
     def all_alive(self) -> bool:
         return all(child.alive() for child in self.children)
+
+
+def start_cluster_worker(stack: Stack, event_broker_url: str) -> ChildProcess:
+    """Starts the one worker of `stack` (`rollout-serve worker`, cluster mode) as `Stack.start` starts its
+    workers, but with no frontend and no broker of its own: the worker registers through etcd and publishes its
+    KV events to the front door's broker, `event_broker_url`, on the front door's host."""
+    worker, = stack.workers
+    taken = ports.ports_in_use({worker.system_port: "the worker's health port (--worker-system-base-port)",
+                                worker.kv_events_port: "the worker's KV events (--kv-events-base-port)"})
+    if taken:
+        raise StackStartError(f"port(s) already in use: {', '.join(taken)}; choose another --index")
+    stack.control_socket(worker.index).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stack._env = dynamo_env(stack.settings, stack.discovery_dir, event_broker_url)
+    log.info("starting a vLLM %s worker (dtype %s) that joins the cluster through etcd %s; its log: %s",
+             worker.role, stack.dtype, stack._env.get("ETCD_ENDPOINTS") or os.environ.get("ETCD_ENDPOINTS"),
+             stack.run_dir)
+    stack.worker_children[worker.index] = stack._launch(stack._worker_spec(worker, stack._env))
+    return stack.worker_children[worker.index]
 
 
 def stop_stacks(stacks: list[Stack]) -> None:

@@ -17,6 +17,7 @@ from rollout_server.cli.keys import add_keys_commands
 from rollout_server.cli.traces import add_traces_commands
 from rollout_server.cli.up import add_up_commands
 from rollout_server.cli.usage import add_usage_commands
+from rollout_server.cli.worker import add_worker_commands
 from rollout_server.database import DatabaseError
 
 
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollout-serve", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for add_commands in (add_up_commands, add_client_commands, add_traces_commands, add_usage_commands,
-                         add_deploy_commands, add_keys_commands):
+                         add_deploy_commands, add_keys_commands, add_worker_commands):
         add_commands(sub)
     return parser
 

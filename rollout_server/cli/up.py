@@ -70,7 +70,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return 1
     model_dir, model_name = resolve_model(settings)
     stack = Stack(engine, model_dir, model_name, state_dir=settings.state.resolved_state_dir,
-                  cache_dir=settings.state.cache_dir)
+                  cache_dir=settings.state.cache_dir,
+                  workers=[] if engine.cluster else None)  # a cluster's workers join (rollout-serve worker)
     pools = PoolSet.build(engine, stack, declared, client_for)
     if not has_cuda():
         cpu_placement.keep_host_processes_off(pools.engine_cores(), pools.engine_cores(role="decode"))
@@ -86,8 +87,9 @@ def cmd_up(args: argparse.Namespace) -> int:
         StackHealth(stack).wait_until_ready()
         pools.wait_until_ready()
         app = create_app(build_app_state(settings, model_dir, model_name, stack, pools))
-        log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %s)", server.host, server.port,
-                 model_name, describe_workers(engine))
+        workers = (f"cluster mode: workers join through etcd, their KV events to {engine.internal_host}:"
+                   f"{engine.event_broker_port}" if engine.cluster else describe_workers(engine))
+        log.info("rollout-serve ready: http://%s:%d/v1 (model %s, %s)", server.host, server.port, model_name, workers)
         FrontDoorServer(uvicorn_config(app, server)).run()
         log.info("front door stopped")
     except StackStartError as exc:

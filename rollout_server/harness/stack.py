@@ -97,9 +97,10 @@ class RunningStack:
 
 def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = None,
                 extra_env: dict[str, str] | None = None, timeout_s: float = 420.0,
-                open_mode: bool = True) -> RunningStack:
+                open_mode: bool = True, ready_path: str = "/health") -> RunningStack:
     """A running `rollout-serve up`; `open_mode`: requests from this machine need no key (--open-mode), as most
-    tests and benchmarks send none; a key sent is still that key's team."""
+    tests and benchmarks send none; a key sent is still that key's team. `ready_path`: what answers 200 once it
+    is up (a cluster's front door with no worker yet answers /health with 503: wait for /v1/models)."""
     if os.environ.get(TEST_TIER_ENV) == "fast":
         raise RuntimeError("a test without the `stack` marker started a stack: mark it `stack`")
     tmp_dir.mkdir(parents=True, exist_ok=True)
@@ -122,7 +123,7 @@ def start_stack(tmp_dir: Path, workers: int = 1, extra_args: list[str] | None = 
                                start_new_session=True)
     stack = RunningStack(f"http://127.0.0.1:{port}", process, tmp_dir / "state", log_path)
     try:
-        wait_until_answering(f"{stack.url}/health", process, log_path, timeout_s)
+        wait_until_answering(f"{stack.url}{ready_path}", process, log_path, timeout_s)
     except RuntimeError:
         stack.stop(signal.SIGKILL)
         raise

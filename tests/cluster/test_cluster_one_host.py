@@ -1,0 +1,88 @@
+"""Cluster mode on one host: `rollout-serve up --cluster` starts no worker; a `rollout-serve worker` joins it
+through a real etcd (rollout_server/harness/cluster.py); requests are served, and the worker's KV events reach
+the front door's broker, where a KV router learns what the worker caches."""
+
+import re
+import time
+
+import httpx
+import pytest
+
+from rollout_server.harness.cluster import ControlPlane
+from rollout_server.harness.stack import start_stack
+from tests.cluster.cluster_hosts import MODEL, ClusterPorts, start_worker
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def control_plane():
+    with ControlPlane.running() as plane:
+        yield plane
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cluster")
+    ports = ClusterPorts.free()
+    front_door = start_stack(tmp / "front-door", extra_args=[
+        "--cluster", "--etcd-endpoints", control_plane.etcd_url, "--event-broker-port", str(ports.event_broker)],
+        ready_path="/v1/models")  # its /health says 503 until a worker it can check serves (none on its host)
+    worker = None
+    try:
+        worker = start_worker(tmp / "worker", control_plane.etcd_url, "127.0.0.1", ports)
+        yield front_door, worker
+    finally:
+        if worker is not None:
+            worker.stop()
+        front_door.stop()
+
+
+def complete(url: str, prompt, max_tokens: int = 8, session: str | None = None) -> httpx.Response:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+    headers = {"X-Session-ID": session} if session else {}
+    return httpx.post(f"{url}/v1/completions", json=body, headers=headers, timeout=120)
+
+
+def test_front_door_serves_through_a_worker_that_joined_by_etcd(cluster):
+    front_door, worker = cluster
+    reply = complete(front_door.url, "the worker joined through etcd")
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["completion_tokens"] == 8
+    assert front_door.process.poll() is None and worker.process.poll() is None
+
+
+def test_cached_tokens_grow_across_a_sessions_turns_and_the_router_knows_them(cluster):
+    front_door, _ = cluster
+    cached = session_turns(front_door.url, "cluster-session")
+    assert cached[0] == 0 and 0 < cached[1] < cached[2], cached
+    # The front door's KV router logs, per request, how many of its blocks it knows the chosen worker to hold:
+    # it knows them only from the worker's KV events, through the front door's broker.
+    assert routed_overlaps(front_door.log_path, at_least=4)[-2:] == [c // BLOCK for c in cached[1:]], cached
+
+
+BLOCK = 32  # engine.block_size
+
+
+def session_turns(url: str, session: str, turns: int = 3) -> list[int]:
+    """A session of `turns` turns, each prompt the last one + its answer + new tokens; each turn's cached tokens."""
+    prompt, cached = list(range(100, 170)), []
+    for turn in range(turns):
+        reply = complete(url, prompt, 16, session)
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        cached.append((body["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        prompt = prompt + body["choices"][0]["token_ids"] + list(range(300 + 40 * turn, 340 + 40 * turn))
+    return cached
+
+
+def routed_overlaps(log_path, at_least: int = 3, wait_s: float = 10.0) -> list[int]:
+    """The overlap (in blocks) of every request the front door's KV router placed, in order (Dynamo's log line,
+    written as a request's stream ends: waited for until `at_least` are there)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = re.sub(r"\x1b\[[0-9;]*m", "", log_path.read_text(errors="replace"))  # Dynamo colours its lines
+        overlaps = [int(match) for match in re.findall(r"route request completed.*? overlap_blocks=(\d+)", text)]
+        if len(overlaps) >= at_least or time.monotonic() > deadline:
+            return overlaps
+        time.sleep(0.2)

@@ -1,0 +1,130 @@
+"""Cluster mode across hosts: the front door (with etcd and NATS) on one network namespace, a `rollout-serve
+worker` on another, joined by a bridge (tests/cluster/netns.py). The worker registers through etcd at the front
+door host's address, serves on the request plane at its own, and its KV events cross to the front door's broker.
+Killing the worker host's processes leaves the front door answering with a clean error; nothing is left after."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from rollout_server.harness.cluster import ControlPlane
+from rollout_server.harness.stack import start_stack
+from tests.cluster.cluster_hosts import ClusterPorts, start_worker
+from tests.cluster.netns import inside, processes_in, two_hosts
+from tests.cluster.test_cluster_one_host import BLOCK, complete, routed_overlaps, session_turns
+
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.skipif(os.geteuid() != 0, reason="hosts are network namespaces, which only root can make"),
+    pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2's `ip` to make network namespaces"),
+]
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with two_hosts(tag=str(os.getpid())) as made:
+        yield made
+    assert not any(os.path.exists(f"/run/netns/{ns}") for ns in made.namespaces)
+
+
+@pytest.fixture(scope="module")
+def cluster(hosts, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("two-hosts")
+    front, worker_host = hosts.front_door, hosts.worker
+    with inside(front):
+        control_plane = ControlPlane.running(host=front.address)
+        plane = control_plane.__enter__()
+    front_door = worker = None
+    more_workers = []  # what the failover test starts
+    try:
+        with inside(front):
+            ports = ClusterPorts.free()
+            front_door = start_stack(tmp / "front-door", ready_path="/v1/models", extra_args=[
+                "--cluster", "--etcd-endpoints", plane.etcd_url, "--internal-host", front.address,
+                "--event-broker-port", str(ports.event_broker)])
+        with inside(worker_host):
+            worker = start_worker(tmp / "worker", plane.etcd_url, front.address, ports, internal_host=worker_host.address)
+        yield front_door, worker, plane, ports, tmp, more_workers
+    finally:
+        for started in [worker, *more_workers]:
+            if started is not None:
+                started.stop()
+        if front_door is not None:
+            front_door.stop()
+        control_plane.__exit__(None, None, None)
+    deadline = time.monotonic() + 30
+    while any(processes_in(ns) for ns in hosts.namespaces) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(processes_in(ns) for ns in hosts.namespaces), "processes outlived the test"
+
+
+def test_a_worker_on_another_host_serves_and_its_kv_events_reach_the_front_door(hosts, cluster):
+    front_door, *_ = cluster
+    with inside(hosts.front_door):
+        reply = complete(front_door.url, "a worker on another host")
+        assert reply.status_code == 200, reply.text
+        cached = session_turns(front_door.url, "two-hosts-session")
+    assert cached[0] == 0 and 0 < cached[1] < cached[2], cached
+    assert routed_overlaps(front_door.log_path, at_least=4)[-2:] == [c // BLOCK for c in cached[1:]], cached
+    # The request plane crossed the bridge: the front door holds a connection to the worker host's address.
+    with inside(hosts.front_door):
+        sockets = subprocess.run(["ss", "-tn", "state", "established"], check=True, capture_output=True,
+                                 text=True).stdout
+    assert f"{hosts.worker.address}:" in sockets, sockets
+
+
+def test_killing_the_worker_hosts_processes_gives_a_clean_error(hosts, cluster):
+    front_door, worker, *_ = cluster
+    os.killpg(worker.process.pid, signal.SIGKILL)  # the worker host fails: its command and what it started
+    worker.process.wait(timeout=30)
+    with inside(hosts.front_door):
+        started = time.monotonic()
+        reply = complete(front_door.url, "is anyone there")
+        took = time.monotonic() - started
+        assert front_door.process.poll() is None
+    print(f"after the worker host died: {reply.status_code} in {took:.1f} s: {reply.text[:200]}")
+    assert reply.status_code in (502, 503, 504), reply.text
+    assert "error" in reply.json(), reply.text
+    assert took < 60, took
+
+
+def test_a_session_whose_worker_dies_goes_on_on_another(hosts, cluster):
+    """Two workers on the worker host; the one that served a session's first turn is killed; the session's
+    next turn is served by the other (the router drops the dead one, the front door retries)."""
+    front_door, _, plane, ports, tmp, more_workers = cluster
+    with inside(hosts.worker):
+        for index in (1, 2):
+            more_workers.append(start_worker(tmp / "worker", plane.etcd_url, hosts.front_door.address, ports,
+                                             internal_host=hosts.worker.address, index=index))
+    with inside(hosts.worker):  # each worker's own warm-up requests count too
+        before = [requests_served(w.system_port) for w in more_workers]
+    with inside(hosts.front_door):
+        first = complete(front_door.url, list(range(500, 600)), 8, "failover-session")
+    assert first.status_code == 200, first.text
+    with inside(hosts.worker):
+        counts = [requests_served(w.system_port) - b for w, b in zip(more_workers, before)]
+    assert sorted(counts) == [0, 1], counts
+    holder = more_workers[counts.index(1)]
+    os.killpg(holder.process.pid, signal.SIGKILL)
+    holder.process.wait(timeout=30)
+    with inside(hosts.front_door):
+        started = time.monotonic()
+        second = complete(front_door.url, list(range(500, 600)) + first.json()["choices"][0]["token_ids"], 8,
+                          "failover-session")
+        took = time.monotonic() - started
+    print(f"the session's next turn after its worker died: {second.status_code} in {took:.1f} s")
+    assert second.status_code == 200, second.text
+    survivor = more_workers[1 - counts.index(1)]
+    with inside(hosts.worker):
+        assert requests_served(survivor.system_port) - before[more_workers.index(survivor)] == 1
+
+
+def requests_served(system_port: int) -> int:
+    """Requests a worker finished (vLLM's counter on its health port, on its host's loopback)."""
+    from engine.supervisor.health import vllm_counter
+
+    return int(vllm_counter(system_port, "vllm:request_success_total"))
