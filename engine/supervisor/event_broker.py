@@ -26,11 +26,11 @@ import zmq
 log = logging.getLogger(__name__)
 
 
-def broker_url(host: str, port: int) -> str:
-    """`DYN_ZMQ_BROKER_URL` of a broker on `host` (an address or a DNS name) whose publishers' port is `port` (its
-    subscribers' the next)."""
+def broker_url(host: str, port: int, subscribers_port: int | None = None) -> str:
+    """`DYN_ZMQ_BROKER_URL` of a broker on `host` (an address or a DNS name) whose publishers' port is `port` and
+    subscribers' `subscribers_port` (default: the next one, as a cluster's broker binds them)."""
     bracketed = f"[{host}]" if ":" in host else host  # an IPv6 address
-    return f"xsub=tcp://{bracketed}:{port} , xpub=tcp://{bracketed}:{port + 1}"
+    return f"xsub=tcp://{bracketed}:{port} , xpub=tcp://{bracketed}:{subscribers_port or port + 1}"
 
 
 class EventBroker:
@@ -59,7 +59,7 @@ class EventBroker:
                 self._context.destroy()
                 raise RuntimeError(f"the KV-event broker cannot listen on {bracketed}:{port} and :{port + 1} "
                                    f"({exc}): choose another --event-broker-port") from exc
-        self.url = broker_url(host, xsub_port)
+        self.url = broker_url(host, xsub_port, xpub_port)  # two random ports need not be adjacent
         self._thread = threading.Thread(target=self._forward, name="kv-event-broker", daemon=True)
         self._thread.start()
         log.info("KV-event broker: %s", self.url)
