@@ -39,6 +39,17 @@ def free_port_block(size: int, start: int | None = None) -> int:
     raise RuntimeError(f"no {size} free ports from {start} below the ephemeral range")
 
 
+def stop_process(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+    """Sends `sig` (if it still runs), waits `timeout` s for it to exit, else kills it; its exit code."""
+    if process.poll() is None:
+        process.send_signal(sig)
+    try:
+        return process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
 @dataclass
 class RunningStack:
     url: str
@@ -72,13 +83,7 @@ class RunningStack:
         return sorted({pid for pid, _, pgid in rows if pgid in groups} | tree - {self.process.pid})
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return stop_process(self.process, sig, timeout)
 
     def log_tail(self, n: int = 40) -> str:
         return _tail(self.log_path, n)

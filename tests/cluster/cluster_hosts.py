@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from rollout_server.harness.stack import CACHE_DIR, REPO, free_port_block, wait_until_answering
+from rollout_server.harness.stack import CACHE_DIR, REPO, free_port_block, stop_process, wait_until_answering
 
 MODEL = "tiny-qwen2"
 
@@ -39,13 +39,7 @@ class WorkerProcess:
     system_port: int
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait()
+        return stop_process(self.process, sig, timeout)
 
 
 def start_worker(tmp_dir: Path, etcd_url: str, front_door_host: str, ports: ClusterPorts,
