@@ -72,7 +72,7 @@ class History:
     mode: str
     steps: list[Step] = field(default_factory=list)
     rollouts: int = 0
-    lost: list[str] = field(default_factory=list)  # groups or samples that came back with an error
+    lost: list[str] = field(default_factory=list)  # groups (with their error) or samples that did not come back whole
     served: dict[str, dict] = field(default_factory=dict)  # request id -> its completion ids and their versions
     wall_s: float = 0.0
 
@@ -192,7 +192,7 @@ def run_loop(url: str, mode: str, args, log=print) -> History:
             asked = time.monotonic()
             groups = rollouts.take(args.groups)
             taken = time.monotonic()
-            lost = [g["group"] for g in groups if "error" in g]
+            lost = [f'{g["group"]}: {g["error"]}' for g in groups if "error" in g]
             groups = [g for g in groups if "error" not in g]
             history.lost += lost + [s["request_id"] for g in groups for s in g["samples"]
                                     if s["finish_reason"] not in ("stop", "length")]

@@ -149,11 +149,11 @@ def build_app_state(settings: Settings, model_dir: Path, model_name: str, stack:
 
 def uvicorn_config(app, server: ServerSettings) -> uvicorn.Config:
     """How the front door serves HTTP: its own protocol (rollout_server/http_protocol.py: headers due within
-    `headers_timeout_s`), and at most `max_connections` connections served at once (uvicorn answers a request
-    over it with a 503)."""
+    `headers_timeout_s`), idle connections kept `keep_alive_timeout_s`, and at most `max_connections` connections
+    served at once (uvicorn answers a request over it with a 503)."""
     return uvicorn.Config(app, host=server.host, port=server.port, log_level="warning", access_log=False,
                           http=partial(HttpProtocol, headers_timeout_s=server.headers_timeout_s),
-                          limit_concurrency=server.max_connections)
+                          timeout_keep_alive=server.keep_alive_timeout_s, limit_concurrency=server.max_connections)
 
 
 class FrontDoorServer(uvicorn.Server):

@@ -58,6 +58,12 @@ class ServerSettings(BaseModel):
                                                              "arrive (from its opening, or a later request's first "
                                                              "byte) before the connection is closed: idle or "
                                                              "trickling connections cannot fill max_connections")
+    keep_alive_timeout_s: float = Field(
+        75.0, gt=0,
+        description="seconds an idle connection is kept open between requests. Longer than clients keep idle "
+                    "connections in their pools (httpx 5 s, aiohttp 15 s): a server that closes one first races "
+                    "the client's next request on it, which fails without an answer (uvicorn's 5 s default did, "
+                    "under verifiers' rollouts)")
     keys_recheck_s: float = Field(2.0, ge=0, description="how long the server trusts what it last read of a key "
                                                       "(or of whether any key exists): keys created or revoked with "
                                                       "`rollout-serve keys` take effect within this delay")

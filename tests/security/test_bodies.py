@@ -148,3 +148,34 @@ def test_a_connection_whose_headers_do_not_arrive_is_closed_after_headers_timeou
         assert timeout_s <= time.monotonic() - started < timeout_s + SLOW_BODY_MARGIN_S
         idle.close()
         assert httpx.get(f"http://{host}:{port}/health", timeout=5).status_code == 200
+
+
+def get_keeping_alive(conn: socket.socket) -> bytes:
+    """One GET /health on an open connection, kept alive: the answer's status line."""
+    conn.sendall(b"GET /health HTTP/1.1\r\nHost: front\r\n\r\n")
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += conn.recv(65536) or b"!closed"
+        if received.endswith(b"!closed"):
+            return received
+    head, body = received.split(b"\r\n\r\n", 1)
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head.split(b"\r\n")[0]
+
+
+def test_an_idle_connection_outlives_the_clients_pool_expiry_and_is_closed_after_keep_alive_timeout_s(tmp_path):
+    """Clients keep idle connections pooled for seconds (httpx 5 s, aiohttp 15 s) and reuse them: the server must
+    not close one first (the request sent as it closes fails with no answer), yet idle ones are closed in time."""
+    app, _, settings = front_door(tmp_path, open_mode=True)
+    with served_over_http(app, settings) as (host, port), socket.create_connection((host, port), timeout=10) as conn:
+        assert get_keeping_alive(conn) == b"HTTP/1.1 200 OK"
+        time.sleep(6.0)  # longer than httpx's pool keeps it, and than uvicorn's default keep-alive
+        assert get_keeping_alive(conn) == b"HTTP/1.1 200 OK"
+    app, _, settings = front_door(tmp_path, open_mode=True, keep_alive_timeout_s=1.0)
+    with served_over_http(app, settings) as (host, port), socket.create_connection((host, port), timeout=10) as conn:
+        assert get_keeping_alive(conn) == b"HTTP/1.1 200 OK"
+        started = time.monotonic()
+        assert read_until_closed(conn) == b""
+        assert 1.0 <= time.monotonic() - started + 0.05 < 1.0 + SLOW_BODY_MARGIN_S
