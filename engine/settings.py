@@ -25,7 +25,9 @@ class DisaggregationSettings(BaseModel):
     """Prefill/decode disaggregation (engine/supervisor/disaggregation.py): both counts > 0 replace `workers`."""
 
     prefill_workers: int = Field(0, ge=0, description="prefill-only vLLM workers; with decode_workers, serve "
-                                                      "disaggregated (KV moves over NIXL); 0: aggregated workers")
+                                                      "disaggregated (KV moves over NIXL); 0: aggregated workers. "
+                                                      "Cluster mode: both > 0 say the cluster's workers are "
+                                                      "prefill and decode workers (they join on their own)")
     decode_workers: int = Field(0, ge=0, description="decode-only vLLM workers (with prefill_workers)")
     nixl_side_channel_base_port: int = Field(19080, description="NIXL handshake port of worker 0 in disaggregated "
                                                                 "serving; worker i uses base + i")
@@ -50,6 +52,9 @@ class DisaggregationSettings(BaseModel):
     nixl_progress_thread: bool = Field(
         False, description="CPU workers: keep NIXL's UCX progress thread (it busy-polls the worker's core; "
                            "without it UCX progresses whenever vLLM checks a transfer). GPU workers always keep it")
+    ucx_transports: str | None = Field(
+        None, description="the UCX transports NIXL may move KV over (UCX_TLS, e.g. tcp; rc,ud for InfiniBand); "
+                          "default: UCX chooses (between hosts: the network; on one host also shared memory)")
     kv_layout: Literal["BLHNC", "LBHNC"] = Field(
         "BLHNC",
         description="KV cache layout of prefill and decode workers: BLHNC (block-major: a block of every layer is "

@@ -109,7 +109,8 @@ class Metrics:
         for row in rows:
             worker = str(row["worker"])
             self.worker_healthy.labels(worker).set(1.0 if row["healthy"] else 0.0)
-            self.worker_inflight.labels(worker, row.get("instance_id") or "").set(row.get("inflight_requests", 0.0))
+            if row.get("inflight_requests") is not None:  # a worker of another host: its load is read there
+                self.worker_inflight.labels(worker, row.get("instance_id") or "").set(row["inflight_requests"])
 
     def update_pools(self, pools: list[dict]) -> None:
         for pool in pools:

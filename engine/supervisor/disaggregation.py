@@ -15,9 +15,12 @@ is short AND most of it is cached there. This module only maps our settings onto
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from typing import Literal
+
+import psutil
 
 from engine.settings import DisaggregationSettings, EngineSettings
 from engine.worker import block_major_kv, nixl_progress
@@ -65,9 +68,11 @@ def worker_args(role: Role, settings: DisaggregationSettings) -> list[str]:
     return ["--disaggregation-mode", role, "--kv-transfer-config", nixl_transfer_config(settings)]
 
 
-def worker_env(role: Role, nixl_port: int | None, settings: DisaggregationSettings,
+def worker_env(role: Role, nixl_port: int | None, settings: DisaggregationSettings, host: str = "127.0.0.1",
                progress_thread: bool = True) -> dict[str, str]:
-    """NIXL's handshake (side channel) and UCX stay on loopback; one side-channel port per worker.
+    """NIXL's handshake (side channel) and UCX's endpoints on the worker's `host` (its internal_host: loopback
+    on one machine, the host's private address in cluster mode), one side-channel port per worker; UCX uses that
+    address's interface, and only the transports `settings.ucx_transports` names when it names some.
     Without `progress_thread`, NIXL agents run without their busy-polling thread (engine/worker/nixl_progress.py).
     Prefill and decode workers allocate their KV cache in `settings.kv_layout` (vLLM's VLLM_KV_CACHE_LAYOUT;
     block-major also needs engine/worker/block_major_kv.py)."""
@@ -77,13 +82,26 @@ def worker_env(role: Role, nixl_port: int | None, settings: DisaggregationSettin
         "VLLM_KV_CACHE_LAYOUT": settings.kv_layout,
         block_major_kv.SWITCH: settings.kv_layout,
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(nixl_port),
-        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-        "VLLM_HOST_IP": "127.0.0.1",
-        "UCX_NET_DEVICES": "lo",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": host,
+        "VLLM_HOST_IP": host,
+        "UCX_NET_DEVICES": network_interface(host),
     }
+    if settings.ucx_transports:
+        env["UCX_TLS"] = settings.ucx_transports
     if not progress_thread:
         env[nixl_progress.SWITCH] = "off"
     return env
+
+
+def network_interface(address: str) -> str:
+    """The name of this host's network interface that holds `address` (UCX_NET_DEVICES takes names)."""
+    if ipaddress.ip_address(address).is_loopback:
+        return "lo"
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == address for a in addresses):
+            return name
+    raise ValueError(f"internal_host {address} is not an address of this host's interfaces: NIXL cannot serve "
+                     "KV from it (name this host's own private address)")
 
 
 def prefill_budget_args(settings: DisaggregationSettings) -> list[str]:

@@ -49,7 +49,7 @@ class StackHealth:
             return False
 
     def ready_workers(self) -> int:
-        return len(self.ready_worker_indices())
+        return len(self.ready_worker_indices()) + len(self.joined_workers())
 
     def ready_worker_indices(self) -> list[int]:
         """Workers that answer ready, provided the frontend answers and lists the model (none otherwise)."""
@@ -59,9 +59,28 @@ class StackHealth:
         return [w.index for w in stack.workers if stack.worker_children[w.index].alive()
                 and worker_health(w.system_port).get("status") == "ready"]
 
+    def joined_workers(self) -> list[dict]:
+        """Cluster mode: the workers that joined through etcd (on any host; none is this stack's child) and serve
+        requests, as Dynamo's frontend lists them on its /health: instances of the `generate` endpoint of the
+        `backend` component (aggregated or decode workers; prefill workers serve only through those). None while
+        the frontend does not list the model. One host: none."""
+        stack = self.stack
+        if not stack.settings.cluster or stack.frontend is None or not stack.frontend.alive():
+            return []
+        try:
+            instances = LOOPBACK.get(f"{stack.frontend_url}/health", timeout=2.0).json().get("instances") or []
+        except (httpx.HTTPError, ValueError):
+            return []
+        serving = {i["instance_id"]: i for i in instances if isinstance(i, dict) and "instance_id" in i
+                   and i.get("component") == "backend" and i.get("endpoint") == "generate"}
+        return list(serving.values()) if serving and self._frontend_lists_model() else []
+
     def worker_status(self) -> list[dict]:
-        """One row per worker: its process, health, Dynamo instance id and in-flight requests."""
-        rows = []
+        """One row per worker: its process, health, Dynamo instance id and in-flight requests (a worker that
+        joined from another host: its instance id and address; its process and load are its host's)."""
+        rows = [{"worker": f"joined-{i['instance_id']}", "role": "joined", "pid": None, "alive": True, "healthy": True, "instance_id": i["instance_id"],
+                 "inflight_requests": None, "address": _address(i.get("transport"))}
+                for i in self.joined_workers()]
         for worker in self.stack.workers:
             child = self.stack.worker_children[worker.index]
             metrics = worker_metrics(worker.system_port)
@@ -136,6 +155,13 @@ class StackHealth:
                 raise StackStartError(
                     f"{child.spec.name} exited with code {child.exit_code()} during start-up; last log lines:\n"
                     f"{child.log_tail()}")
+
+
+def _address(transport) -> str | None:
+    """Where a joined worker serves, from Dynamo's instance transport (e.g. {"tcp": "10.0.0.2:41233/..."})."""
+    if isinstance(transport, dict) and transport:
+        return str(next(iter(transport.values())))
+    return str(transport) if transport else None
 
 
 def worker_health(system_port: int) -> dict:

@@ -318,6 +318,7 @@ class PoolSet:
         """The deployment's ready workers; fresh ones among them first load what the pools serve. One that
         cannot yet serves the base model meanwhile (an adapter must not keep a deployment out of rotation)
         and is tried again at the next check."""
+        joined = len(await asyncio.to_thread(deployment.health.joined_workers))  # cluster mode: other hosts'
         ready = await asyncio.to_thread(deployment.health.ready_worker_indices)
         fresh = deployment.fresh_workers & set(ready)
         if fresh and self.prepare_workers:
@@ -329,11 +330,11 @@ class PoolSet:
                     log.warning("deployment %s: worker(s) %s could not load the served adapters yet: %s",
                                 deployment.name, sorted(fresh), exc)
                 deployment.prepare_error = str(exc)
-                return len(ready)
+                return len(ready) + joined
             log.info("deployment %s: worker(s) %s loaded the served adapters", deployment.name, sorted(fresh))
         deployment.fresh_workers -= fresh
         deployment.prepare_error = None
-        return len(ready)
+        return len(ready) + joined
 
     def _follow_served_weights(self, stack: Stack) -> None:
         if self.current_weights:

@@ -203,7 +203,7 @@ class Stack:
             SOCKET_ENV: str(self.control_socket(worker.index)),
             TOKEN_ENV: self.control_token,
             **disaggregation.worker_env(worker.role, worker.nixl_port, self.settings.disaggregation,
-                                        progress_thread=has_cuda() or self.settings.disaggregation.nixl_progress_thread),
+                                        host=str(self.settings.internal_host), progress_thread=has_cuda() or self.settings.disaggregation.nixl_progress_thread),
         }
         if lora.enable_lora:
             worker_env["DYN_LORA_ENABLED"] = "true"  # Dynamo's loader for file:// adapter URIs

@@ -70,7 +70,7 @@ def cmd_status(args: argparse.Namespace) -> int:
           "instance id")
     for w in status["workers"]:
         print(f"{w['worker']:>6}  {w.get('role', '-'):>10}  {w['pid'] or '-':>8}  {str(w['healthy']):>7}  "
-              f"{w['inflight_requests']:>9.0f}  "
+              f"{'-' if w['inflight_requests'] is None else format(w['inflight_requests'], '.0f'):>9}  "
               f"{w.get('policy_version', '-'):>7}  {str(w.get('paused', False)):>6}  {w['instance_id'] or '-'}")
     for name, version in status.get("adapters", {}).items():
         print(f"adapter {name}: policy version {version}")

@@ -1,11 +1,12 @@
-"""Two hosts on one machine for the cluster tests: network namespaces joined by a bridge, with addresses the
-test assigns (root only: `ip netns add`).
+"""Hosts on one machine for the cluster tests: network namespaces joined by a bridge, with addresses the test
+assigns (root only: `ip netns add`).
 
-    switch namespace:  bridge rsbr0 --- veth --- front-door namespace (eth0 ADDRESS.1/24, lo)
-                                    \\-- veth --- worker namespace     (eth0 ADDRESS.2/24, lo)
+    switch namespace:  bridge rsbr0 --- veth --- front-door namespace  (eth0 ADDRESS.1/24, lo)
+                                    \\-- veth --- worker namespace 1  (eth0 ADDRESS.2/24, lo)
+                                    \\-- veth --- worker namespace 2  (eth0 ADDRESS.3/24, lo) ...
 
 The bridge lives in a namespace of its own, so nothing is added to this machine's own network; deleting the
-three namespaces deletes every link with them. `inside(host)` moves the calling thread into a host's namespace
+namespaces deletes every link with them. `inside(host)` moves the calling thread into a host's namespace
 for a block: the sockets it opens there (HTTP checks) and the processes it starts there (servers, stacks) are
 that host's.
 """
@@ -40,27 +41,33 @@ class Host:
 
 
 @dataclass(frozen=True)
-class TwoHosts:
+class Hosts:
     switch: str
     front_door: Host
-    worker: Host
+    workers: tuple[Host, ...]
+
+    @property
+    def worker(self) -> Host:
+        return self.workers[0]
 
     @property
     def namespaces(self) -> list[str]:
-        return [self.front_door.namespace, self.worker.namespace, self.switch]
+        return [self.front_door.namespace, *(w.namespace for w in self.workers), self.switch]
 
 
 @contextlib.contextmanager
-def two_hosts(tag: str, subnet: str = "10.203.7") -> Iterator[TwoHosts]:
-    """A front-door host (`subnet`.1) and a worker host (`subnet`.2) on a bridge; all removed when the block ends."""
-    hosts = TwoHosts(f"rs-switch-{tag}", Host(f"rs-front-{tag}", f"{subnet}.1"), Host(f"rs-worker-{tag}", f"{subnet}.2"))
+def hosts_on_a_bridge(tag: str, worker_hosts: int = 1, subnet: str = "10.203.7") -> Iterator[Hosts]:
+    """A front-door host (`subnet`.1) and `worker_hosts` worker hosts (`subnet`.2, .3, ...) on a bridge; all
+    removed when the block ends."""
+    workers = tuple(Host(f"rs-worker{i}-{tag}", f"{subnet}.{2 + i}") for i in range(worker_hosts))
+    hosts = Hosts(f"rs-switch-{tag}", Host(f"rs-front-{tag}", f"{subnet}.1"), workers)
     try:
         for namespace in hosts.namespaces:
             _ip("netns", "add", namespace)
             _ip("-n", namespace, "link", "set", "lo", "up")
         _ip("-n", hosts.switch, "link", "add", "rsbr0", "type", "bridge")
         _ip("-n", hosts.switch, "link", "set", "rsbr0", "up")
-        for i, host in enumerate([hosts.front_door, hosts.worker]):
+        for i, host in enumerate([hosts.front_door, *hosts.workers]):
             port = f"rsport{i}"
             _ip("-n", hosts.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
             _ip("-n", hosts.switch, "link", "set", port, "master", "rsbr0", "up")

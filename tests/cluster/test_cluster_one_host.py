@@ -27,7 +27,7 @@ def cluster(control_plane, tmp_path_factory):
     ports = ClusterPorts.free()
     front_door = start_stack(tmp / "front-door", extra_args=[
         "--cluster", "--etcd-endpoints", control_plane.etcd_url, "--event-broker-port", str(ports.event_broker)],
-        ready_path="/v1/models")  # its /health says 503 until a worker it can check serves (none on its host)
+        ready_path="/v1/models")  # its /health says 503 until a worker has joined
     worker = None
     try:
         worker = start_worker(tmp / "worker", control_plane.etcd_url, "127.0.0.1", ports)
@@ -50,6 +50,22 @@ def test_front_door_serves_through_a_worker_that_joined_by_etcd(cluster):
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["completion_tokens"] == 8
     assert front_door.process.poll() is None and worker.process.poll() is None
+
+
+def test_health_and_status_count_the_worker_that_joined(cluster):
+    """The front door starts no worker; its /health is ready once a worker that joined through etcd serves, and
+    /v1/status lists that worker (its Dynamo instance and the address it serves at)."""
+    front_door, worker = cluster
+    deadline = time.monotonic() + 30  # the pools' health check runs every few seconds
+    while (health := httpx.get(f"{front_door.url}/health", timeout=10)).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert health.status_code == 200 and health.json()["healthy_workers"] == 1, health.text
+    joined, = httpx.get(f"{front_door.url}/v1/status", timeout=10).json()["workers"]
+    assert joined["role"] == "joined" and joined["healthy"] and joined["instance_id"], joined
+    assert joined["address"].startswith("127.0.0.1:"), joined
+    assert f"joined-{joined['instance_id']}" == joined["worker"]
+    ready = httpx.get(f"{front_door.url}/v1/pools", timeout=10).json()["data"][0]["ready_workers"]
+    assert ready == 1
 
 
 def test_cached_tokens_grow_across_a_sessions_turns_and_the_router_knows_them(cluster):

@@ -14,7 +14,7 @@ import pytest
 from rollout_server.harness.cluster import ControlPlane
 from rollout_server.harness.stack import start_stack
 from tests.cluster.cluster_hosts import ClusterPorts, start_worker
-from tests.cluster.netns import inside, processes_in, two_hosts
+from tests.cluster.netns import hosts_on_a_bridge, inside, processes_in
 from tests.cluster.test_cluster_one_host import BLOCK, complete, routed_overlaps, session_turns
 
 pytestmark = [
@@ -26,7 +26,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def hosts():
-    with two_hosts(tag=str(os.getpid())) as made:
+    with hosts_on_a_bridge(tag=str(os.getpid())) as made:
         yield made
     assert not any(os.path.exists(f"/run/netns/{ns}") for ns in made.namespaces)
 

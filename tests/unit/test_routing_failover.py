@@ -115,6 +115,9 @@ class StackDouble:
     def ready_worker_indices(self) -> list[int]:
         return [] if self.dead else [0]
 
+    def joined_workers(self) -> list[dict]:
+        return []  # one host: no worker joined from another
+
     def serves_a_request(self) -> bool:
         return True
 
