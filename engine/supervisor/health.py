@@ -59,6 +59,31 @@ class StackHealth:
         return [w.index for w in stack.workers if stack.worker_children[w.index].alive()
                 and worker_health(w.system_port).get("status") == "ready"]
 
+    def unlisted_workers(self) -> list[int]:
+        """Workers whose process runs and whose engine says ready, yet whom Dynamo's frontend does not list among
+        the instances of `generate`: their registration in the discovery directory expired (a machine that
+        stalled longer than Dynamo's file-store TTL, 30 s, has every registration expire; a worker does not
+        register again by itself). None while the frontend cannot be asked."""
+        stack = self.stack
+        if stack.settings.discovery_backend != "file" or stack.frontend is None or not stack.frontend.alive():
+            return []
+        try:
+            instances = LOOPBACK.get(f"{stack.frontend_url}/health", timeout=2.0).json().get("instances") or []
+        except (httpx.HTTPError, ValueError):
+            return []
+        listed = {i.get("instance_id") for i in instances if isinstance(i, dict) and i.get("endpoint") == "generate"}
+        if len(listed) >= len(stack.workers):  # the usual case, answered without asking each worker
+            return []
+        unlisted = []
+        for worker in stack.workers:
+            child = stack.worker_children.get(worker.index)
+            if child is None or not child.alive() or worker_health(worker.system_port).get("status") != "ready":
+                continue
+            instance = worker_metrics(worker.system_port).get("instance_id")
+            if instance is not None and int(instance) not in listed:
+                unlisted.append(worker.index)
+        return unlisted
+
     def joined_workers(self) -> list[dict]:
         """Cluster mode: the workers that joined through etcd (on any host; none is this stack's child) and serve
         requests, as Dynamo's frontend lists them on its /health: instances of the `generate` endpoint of the

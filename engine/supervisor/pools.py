@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from engine.supervisor.worker_control import WorkerHandle
 log = logging.getLogger(__name__)
 
 MISSED_CHECKS_TOLERATED = 2  # a deployment whose processes all run leaves rotation after 3 failed checks
+UNLISTED_CHECKS_TOLERATED = 2  # a running worker missing from discovery is restarted at the 3rd check that sees it
 
 
 @dataclass
@@ -45,6 +47,7 @@ class Deployment:
     fresh_workers: set[int] = field(default_factory=set)  # (re)started by the supervisor, not yet prepared
     prepare_error: str | None = None                        # why the last preparation of fresh workers failed
     health: StackHealth | None = None                       # None: StackHealth(stack)
+    unlisted_checks: dict[int, int] = field(default_factory=dict)  # worker -> consecutive checks it was unlisted
 
     def __post_init__(self) -> None:
         if self.health is None:
@@ -277,6 +280,8 @@ class PoolSet:
             # What restart_dead restarted, not what was dead a moment before: another worker may die meanwhile
             deployment.fresh_workers |= set(await asyncio.to_thread(stack.restart_dead))
             return
+        if self.settings.pools.restart_dead_workers and not nixl_workers and not self.closing:
+            await self._restart_unlisted(deployment)
         ready = await self._ready_workers(deployment)
         if not ready and was_healthy and stack.all_alive() and deployment.failed_checks < MISSED_CHECKS_TOLERATED:
             deployment.failed_checks += 1  # a health probe that timed out on a loaded machine is not a death
@@ -290,6 +295,17 @@ class PoolSet:
         elif deployment.healthy and not was_healthy:
             log.info("deployment %s is healthy: in rotation (%d ready worker(s))", deployment.name,
                      deployment.ready_workers)
+
+    async def _restart_unlisted(self, deployment: Deployment) -> None:
+        """A worker that runs but that Dynamo no longer lists (StackHealth.unlisted_workers) gets no request again:
+        after a few checks it is stopped, and the next check restarts it as a dead one (it registers anew)."""
+        unlisted = await asyncio.to_thread(deployment.health.unlisted_workers)
+        deployment.unlisted_checks = {i: deployment.unlisted_checks.get(i, 0) + 1 for i in unlisted}
+        for index, checks in deployment.unlisted_checks.items():
+            if checks > UNLISTED_CHECKS_TOLERATED:
+                log.warning("deployment %s: worker %d runs but is gone from Dynamo's discovery (its registration "
+                            "expired): restarting it", deployment.name, index)
+                deployment.stack.worker_children[index].signal_group(signal.SIGKILL)
 
     async def _autoscale(self, pool: Pool) -> None:
         deployment = pool.deployments[0]

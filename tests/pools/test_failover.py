@@ -88,3 +88,25 @@ def test_killing_a_whole_deployment_moves_its_traffic_to_the_other(ha_stack):
     metrics = httpx.get(f"{ha_stack.url}/metrics", timeout=30).text
     assert 'rollout_deployment_healthy{deployment="ha/0",pool="ha"} 1.0' in metrics
     wait_for(lambda: deployment(ha_stack, "ha/1")["healthy"], 180, "ha/1 restarted and back in rotation")
+
+
+def test_a_worker_whose_registration_expired_is_restarted_and_serves_again(ha_stack):
+    """A machine that stalls longer than Dynamo's file-store TTL (30 s) has every registration in a discovery
+    directory expire, and a worker does not register again by itself: it runs, answers its health check, and gets
+    no request. Removing ha/0's registrations is that expiry; the supervisor restarts the worker it no longer
+    finds, and ha/0 serves again."""
+    wait_for(lambda: all(d["healthy"] for d in pools(ha_stack.url)["ha"]["deployments"]), 180, "both deployments up")
+    before = deployment(ha_stack, "ha/0")
+    port = before["url"].rsplit(":", 1)[1]
+    registrations = [p for p in (ha_stack.state_dir / f"stack-{port}" / "discovery").rglob("*") if p.is_file()]
+    assert registrations, "ha/0 registered nothing in its discovery directory"
+    for path in registrations:
+        path.unlink()
+
+    wait_for(lambda: deployment(ha_stack, "ha/0")["worker_pids"][0] not in (None, before["worker_pids"][0]), 60,
+             "ha/0's unlisted worker restarted")
+    wait_for(lambda: deployment(ha_stack, "ha/0")["healthy"], 180, "ha/0 back in rotation")
+    assert "gone from Dynamo's discovery" in ha_stack.log_path.read_text()
+    # ha/0's own frontend places a request on its worker again (before the restart: "no endpoints available")
+    body = {"model": MODEL, "prompt": "registered again", "max_tokens": 4}
+    assert httpx.post(f"{before['url']}/v1/completions", json=body, timeout=120).status_code == 200

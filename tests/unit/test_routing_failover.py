@@ -118,6 +118,9 @@ class StackDouble:
     def joined_workers(self) -> list[dict]:
         return []  # one host: no worker joined from another
 
+    def unlisted_workers(self) -> list[int]:
+        return []  # every running worker is in discovery
+
     def serves_a_request(self) -> bool:
         return True
 
