@@ -285,7 +285,7 @@ def main() -> None:
         (args.out / "history.json").write_text(json.dumps(asdict(history), indent=1))
         figure([history], args.out / "reward.png")
         if args.state_dir is not None:
-            dataset = export_rl_dataset(args.state_dir / "traces", args.out / "dataset")
+            dataset = export_rl_dataset(args.state_dir / "traces", args.out / "dataset", served=history.served.keys())
             print(f"exported {len(dataset)} rows with {', '.join(dataset.column_names)}")
         print(f"wrote {args.out}/ (history.json, reward.png, dataset/)")
     finally:

@@ -18,6 +18,7 @@ rank 0 of the group and hosts its rendezvous on `master_address` (an address the
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -145,17 +146,31 @@ def attach_rewards(base_url: str, rewards: list[dict], api_key: str | None = Non
                         timeout=60))
 
 
-def export_rl_dataset(store_dir: Path, out_dir: Path, team: str = "local", settle_s: float = 2.0):
+def export_rl_dataset(store_dir: Path, out_dir: Path, team: str = "local", served: Collection[str] = (),
+                      timeout_s: float = 30.0):
     """The served traces as the `rl` dataset (token ids, logprobs, each token's policy version, rewards), loaded
-    with `datasets`. Reads the server's trace store (`<state_dir>/traces`) after `settle_s`: records are sealed
-    about every second."""
+    with `datasets`, from the server's trace store (`<state_dir>/traces`).
+
+    A served record reaches the store's Parquet when its WAL segment is sealed: within traces.flush_every_s (10 s by
+    default) of being written. With `served` (request ids), the export is made again, a second apart, until every
+    one of them is in it, for at most `timeout_s` (then it is returned as it is)."""
     import datasets
+    import pyarrow.parquet as pq
 
     from trace_pipeline.export import export
 
-    time.sleep(settle_s)
-    export(store_dir, out_dir, "rl", team, progress=False)
-    return datasets.load_dataset("parquet", data_dir=str(out_dir), split="train")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        export(store_dir, out_dir, "rl", team, progress=False)
+        parts = sorted(Path(out_dir).glob("*.parquet"))
+        exported = {i for part in parts for i in pq.read_table(part, columns=["request_id"])["request_id"].to_pylist()}
+        if set(served) <= exported or time.monotonic() > deadline:
+            # built afresh: a part of an earlier attempt had the same name
+            return datasets.load_dataset("parquet", data_dir=str(out_dir), split="train",
+                                         download_mode="force_redownload")
+        for part in parts:  # this export's own parts, made again with what has been sealed since
+            part.unlink()
+        time.sleep(1.0)
 
 
 def register() -> None:

@@ -37,7 +37,7 @@ def test_a_short_async_loop_learns_and_every_exported_token_says_its_version(sta
     assert not history.lost and history.rollouts == args.steps * args.groups * args.samples
     assert sum(s.off_policy_tokens for s in history.steps) > 0  # async: some tokens came from the version before
 
-    dataset = export_rl_dataset(stack.state_dir / "traces", tmp_path / "dataset")
+    dataset = export_rl_dataset(stack.state_dir / "traces", tmp_path / "dataset", served=history.served.keys())
     rows = {row["request_id"]: row for row in dataset}
     assert history.served.keys() <= rows.keys()
     for request_id, served in history.served.items():
