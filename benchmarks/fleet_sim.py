@@ -9,9 +9,10 @@ The workload is benchmarks/agentic.py's warm sessions scaled out: every session 
 tools), adds its own task, and each turn grows its prompt by the answer and a tool result; sessions are named
 with X-Session-ID, start spread over `ramp_s` and think between turns, so all of them are open at once.
 
-The same workload runs twice, on two stacks of the same fleet, one after the other:
+The same workload runs three times, on three stacks of the same fleet, one after the other:
 1. router_mode kv: the front door's KV router, sessions pinned to the worker of their first turn;
-2. router_mode round-robin: Dynamo's frontend deals requests to workers in turn.
+2. router_mode kv with --no-embedded-router: the same router in Dynamo's frontend (its session affinity);
+3. router_mode round-robin: Dynamo's frontend deals requests to workers in turn.
 
 Figures: prefix hit rate of returning turns (cached / prompt tokens, as the workers report them) and the most
 they could find cached (the full blocks of the turn before), TTFT, how many workers served, the front door's CPU
@@ -19,7 +20,9 @@ time per request (/proc), and the router's cost per request, three ways:
 - the front door's rollout_router_call_seconds histogram, kept around Dynamo's router call in
   engine/client/embedded_router.py (choosing the worker, then sending it the request until its stream opens),
   under the sessions' load and then one request at a time;
-- choosing alone: Dynamo's KV router in this process, following the same fleet, timed on `best_worker`.
+- choosing alone: Dynamo's KV router in this process, following the same fleet, timed on `best_worker`;
+- Dynamo's router's own work per request under the load (block hashing, overlap query, choosing): the routing
+  overhead histograms of run 2's frontend (Dynamo keeps them for its HTTP frontend's router only).
 
 Two things differ from a vLLM fleet (engine/supervisor/stack.py, mocker_event_plane; engine/client/dispatch.py):
 the mocker's KV events go over Dynamo's direct event plane (through the deployment's broker no router applies
@@ -198,6 +201,21 @@ def router_calls(url: str) -> dict[str, float]:
     return {s.labels.get("le") or s.name.rsplit("_", 1)[1]: s.value for s in samples}
 
 
+def routing_overhead(frontend_url: str) -> dict[str, tuple[float, float]]:
+    """Dynamo's own routing-overhead histograms, as its frontend's KV router keeps them (phase -> (sum ms,
+    count)): block hashing, the indexer's overlap query, scheduling (choosing the worker), total. Dynamo registers
+    them on its HTTP frontend only, so they exist for the frontend's router, not for the one inside the front door
+    (the same Rust router)."""
+    text = httpx.get(f"{frontend_url}/metrics", timeout=30).text
+    phases = {}
+    for family in text_string_to_metric_families(text):
+        if "overhead_" in family.name and family.name.endswith("_ms"):
+            values = {s.name.rsplit("_", 1)[1]: s.value for s in family.samples if s.name.endswith(("_sum", "_count"))}
+            phases[family.name.split("overhead_", 1)[1].removesuffix("_ms")] = (values.get("sum", 0.0),
+                                                                                  values.get("count", 0.0))
+    return phases
+
+
 def router_quantile(before: dict[str, float], after: dict[str, float], q: float) -> float | None:
     """The q-quantile of the router calls made between two readings: the upper bound of the first bucket that
     holds it (seconds)."""
@@ -250,28 +268,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run_mode(tmp: Path, fleet: Fleet, w: Workload, router_mode: str) -> dict:
+def run_mode(tmp: Path, fleet: Fleet, w: Workload, router_mode: str, embedded: bool = True) -> dict:
     """Starts the fleet with one router mode, replays the sessions, reads the front door's CPU and router
-    histogram around the replay, stops it."""
-    print(f"   [{router_mode}] starting {fleet.workers} mocker workers ({fleet.processes} processes x "
+    histograms around the replay, stops it. `embedded` False: the KV router is Dynamo's frontend's (the front
+    door's --no-embedded-router), whose own routing-overhead histograms are read too."""
+    name = router_mode if embedded else f"{router_mode}-frontend"
+    print(f"   [{name}] starting {fleet.workers} mocker workers ({fleet.processes} processes x "
           f"{fleet.workers_per_process})", flush=True)
     started = time.perf_counter()
-    stack = start_stack(tmp / router_mode, workers=fleet.processes, timeout_s=300, extra_args=[
+    stack = start_stack(tmp / name, workers=fleet.processes, timeout_s=300, extra_args=[
         "--mocker-workers", str(fleet.workers_per_process), "--mocker-speedup-ratio", str(fleet.speedup_ratio),
-        "--router-mode", router_mode],
+        "--router-mode", router_mode, *([] if embedded else ["--no-embedded-router"])],
         extra_env={"ROLLOUT_SERVE_TRACES__ENABLED": "false"})
     try:
         status = httpx.get(f"{stack.url}/v1/status", timeout=30).json()
         mocker_pids = [pid for row in status["workers"] if (pid := row.get("pid"))]
+        frontend_url = status["pools"][0]["deployments"][0]["url"]
         start_s = time.perf_counter() - started
-        print(f"   [{router_mode}] up in {start_s:.0f} s; {w.sessions} sessions x {w.turns} turns", flush=True)
+        print(f"   [{name}] up in {start_s:.0f} s; {w.sessions} sessions x {w.turns} turns", flush=True)
         pid = stack.process.pid
         cpu0, mocker0 = process_cpu_s(pid), sum(map(process_cpu_s, mocker_pids))
-        routes0 = router_calls(stack.url)
+        routes0, overhead0 = router_calls(stack.url), routing_overhead(frontend_url)
         turns, peak, wall_s = asyncio.run(replay(stack.url, w))
         cpu1, mocker1 = process_cpu_s(pid), sum(map(process_cpu_s, mocker_pids))
-        routes1 = router_calls(stack.url)
-        if router_mode == "kv":  # the same router, unloaded
+        routes1, overhead1 = router_calls(stack.url), routing_overhead(frontend_url)
+        if router_mode == "kv" and embedded:  # the same router, unloaded
             asyncio.run(one_at_a_time(stack.url, w))
             routes2 = router_calls(stack.url)
             decisions = asyncio.run(router_decisions(next(stack.state_dir.glob("stack-*/discovery")), w, BLOCK_SIZE))
@@ -293,8 +314,12 @@ def run_mode(tmp: Path, fleet: Fleet, w: Workload, router_mode: str) -> dict:
     same_worker = sum(1 for ts in by_session.values() for a, b in itertools.pairwise(ts) if a.worker == b.worker)
     routed = routes1.get("count", 0) - routes0.get("count", 0)
     p50, p90 = (router_quantile(routes0, routes1, q) for q in (0.5, 0.9))
+    # Dynamo's routing overhead per request routed during the replay, by phase (its frontend's router only)
+    overhead = {f"dynamo_router_{phase}_us_per_request": (total - overhead0.get(phase, (0.0, 0.0))[0]) * 1e3 / routed_here
+                for phase, (total, count) in overhead1.items()
+                if (routed_here := count - overhead0.get(phase, (0.0, 0.0))[1]) > 0}
     unloaded = {}
-    if router_mode == "kv":
+    if router_mode == "kv" and embedded:
         calls = routes2["count"] - routes1["count"]
         unloaded = {"router_us_per_request_one_at_a_time": (routes2["sum"] - routes1["sum"]) * 1e6 / calls,
                     "router_us_p50_bucket_bound_one_at_a_time": router_quantile(routes1, routes2, 0.5) * 1e6,
@@ -321,9 +346,9 @@ def run_mode(tmp: Path, fleet: Fleet, w: Workload, router_mode: str) -> dict:
         "router_us_per_request": (routes1["sum"] - routes0.get("sum", 0)) * 1e6 / routed if routed else None,
         "router_us_p50_bucket_bound": p50 * 1e6 if p50 is not None else None,
         "router_us_p90_bucket_bound": p90 * 1e6 if p90 is not None else None,
-        **unloaded,
+        **unloaded, **overhead,
     }
-    print(f"   [{router_mode}] {result['turns']} turns ({result['errors']} errors) in {wall_s:.0f} s, "
+    print(f"   [{name}] {result['turns']} turns ({result['errors']} errors) in {wall_s:.0f} s, "
           f"{peak} sessions open at once; returning hit rate {result['returning_hit_rate']:.1%}, same worker "
           f"{result['returning_same_worker_rate']:.1%}; p90 TTFT {result['p90_ttft_s'] * 1e3:.1f} ms; front door "
           f"{result['front_door_cpu_ms_per_request']:.2f} CPU ms/request; router call "
@@ -348,10 +373,12 @@ def main() -> None:
     print(f"== {fleet.workers} simulated workers (Dynamo's mocker), {w.sessions} sessions of {w.turns} turns over a "
           f"{w.shared_tokens}-token shared context: KV-aware + sticky vs round-robin", flush=True)
     kv = run_mode(tmp, fleet, w, "kv")
+    frontend_kv = run_mode(tmp, fleet, w, "kv", embedded=False)
     rr = run_mode(tmp, fleet, w, "round-robin")
     fig = {f"fleet_{k}": v for k, v in dataclasses.asdict(fleet).items()}
     fig |= {f"workload_{k}": v for k, v in dataclasses.asdict(w).items()}
     fig |= {f"kv_{k}": v for k, v in kv.items()} | {f"rr_{k}": v for k, v in rr.items()}
+    fig |= {f"kv_frontend_{k}": v for k, v in frontend_kv.items()}
     fig |= {
         "workers": fleet.workers,
         "concurrent_sessions": min(kv["concurrent_sessions"], rr["concurrent_sessions"]),
@@ -361,6 +388,10 @@ def main() -> None:
         "router_us_per_request": kv["router_us_per_request"],  # under the sessions' load
         "router_us_per_request_one_at_a_time": kv["router_us_per_request_one_at_a_time"],
         "router_decision_us_p50": kv["router_decision_us_p50"],
+        # Dynamo's KV router's own work per request (hashing, overlap query, choosing), under the same load: its
+        # frontend's histograms, the same router as the front door's, which does not expose them
+        "router_overhead_us_per_request_dynamo": frontend_kv.get("dynamo_router_total_us_per_request"),
+        "sticky_hit_rate_at_scale_dynamo_frontend": frontend_kv["returning_hit_rate"],
         "workers_serving_kv": kv["workers_used"], "workers_serving_round_robin": rr["workers_used"],
         "front_door_cpu_ms_per_request": kv["front_door_cpu_ms_per_request"],
     }
@@ -369,7 +400,10 @@ def main() -> None:
     print(f"\n   sticky hit rate {fig['sticky_hit_rate_at_scale']:.1%} (goal >= 95%), round-robin "
           f"{fig['round_robin_hit_rate_at_scale']:.1%}; p90 TTFT round-robin / KV = "
           f"{fig['ttft_p90_ratio_rr_over_kv']:.2f}; router call {fig['router_us_per_request']:.0f} us/request "
-          f"under load, {fig['router_us_per_request_one_at_a_time']:.0f} us one at a time, of which choosing the worker {fig['router_decision_us_p50']:.0f} us (p50; goal <= 200); front door {fig['front_door_cpu_ms_per_request']:.2f} CPU ms/request\n   wrote {RESULTS}")
+          f"under load, {fig['router_us_per_request_one_at_a_time']:.0f} us one at a time, of which choosing the "
+          f"worker {fig['router_decision_us_p50']:.0f} us (p50; goal <= 200); Dynamo's router's own work under load "
+          f"{fig['router_overhead_us_per_request_dynamo'] or float('nan'):.0f} us/request; front door "
+          f"{fig['front_door_cpu_ms_per_request']:.2f} CPU ms/request\n   wrote {RESULTS}")
 
 
 if __name__ == "__main__":
