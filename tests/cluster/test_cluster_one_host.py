@@ -64,7 +64,10 @@ def test_health_and_status_count_the_worker_that_joined(cluster):
     assert joined["role"] == "joined" and joined["healthy"] and joined["instance_id"], joined
     assert joined["address"].startswith("127.0.0.1:"), joined
     assert f"joined-{joined['instance_id']}" == joined["worker"]
-    ready = httpx.get(f"{front_door.url}/v1/pools", timeout=10).json()["data"][0]["ready_workers"]
+    # The pools' own check (every second, and a request through Dynamo's frontend before a deployment rejoins)
+    while (ready := httpx.get(f"{front_door.url}/v1/pools", timeout=10).json()["data"][0]["ready_workers"]) != 1 \
+            and time.monotonic() < deadline + 30:
+        time.sleep(1)
     assert ready == 1
 
 

@@ -1,7 +1,9 @@
-"""Cluster mode across hosts: the front door (with etcd and NATS) on one network namespace, a `rollout-serve
-worker` on another, joined by a bridge (tests/cluster/netns.py). The worker registers through etcd at the front
-door host's address, serves on the request plane at its own, and its KV events cross to the front door's broker.
-Killing the worker host's processes leaves the front door answering with a clean error; nothing is left after."""
+"""Cluster mode across hosts: the front door (with etcd and NATS) on one network namespace, `rollout-serve worker`s
+on two others, joined by a bridge (tests/cluster/netns.py). A worker registers through etcd at the front door
+host's address, serves on the request plane at its own, and its KV events cross to the front door's broker.
+Killing the only worker host's processes leaves the front door answering with a clean error; with two worker
+hosts, killing every process of the one that holds a session moves the session to the other; nothing is left
+after."""
 
 import os
 import shutil
@@ -26,7 +28,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def hosts():
-    with hosts_on_a_bridge(tag=str(os.getpid())) as made:
+    with hosts_on_a_bridge(tag=str(os.getpid()), worker_hosts=2) as made:
         yield made
     assert not any(os.path.exists(f"/run/netns/{ns}") for ns in made.namespaces)
 
@@ -92,35 +94,47 @@ def test_killing_the_worker_hosts_processes_gives_a_clean_error(hosts, cluster):
     assert took < 60, took
 
 
-def test_a_session_whose_worker_dies_goes_on_on_another(hosts, cluster):
-    """Two workers on the worker host; the one that served a session's first turn is killed; the session's
-    next turn is served by the other (the router drops the dead one, the front door retries)."""
+def test_a_session_whose_worker_host_dies_goes_on_on_the_other_host(hosts, cluster):
+    """A worker on each worker host (the first host's first worker died in the test above); every process of the
+    host that served a session's first turn is killed; the session's next turn, sent at once, is served by the
+    other host's worker (the router drops the dead one, the front door retries: no request is lost)."""
     front_door, _, plane, ports, tmp, more_workers = cluster
-    with inside(hosts.worker):
-        for index in (1, 2):
-            more_workers.append(start_worker(tmp / "worker", plane.etcd_url, hosts.front_door.address, ports,
-                                             internal_host=hosts.worker.address, index=index))
-    with inside(hosts.worker):  # each worker's own warm-up requests count too
-        before = [requests_served(w.system_port) for w in more_workers]
+    placed = [(host, index) for host, index in ((hosts.workers[0], 1), (hosts.workers[1], 0))]
+    for host, index in placed:
+        with inside(host):
+            more_workers.append(start_worker(tmp / host.namespace, plane.etcd_url, hosts.front_door.address, ports,
+                                             internal_host=host.address, index=index))
+    before = []
+    for (host, _), worker in zip(placed, more_workers):  # each worker's own warm-up requests count too
+        with inside(host):
+            before.append(requests_served(worker.system_port))
     with inside(hosts.front_door):
         first = complete(front_door.url, list(range(500, 600)), 8, "failover-session")
     assert first.status_code == 200, first.text
-    with inside(hosts.worker):
-        counts = [requests_served(w.system_port) - b for w, b in zip(more_workers, before)]
+    counts = []
+    for (host, _), worker, served in zip(placed, more_workers, before):
+        with inside(host):
+            counts.append(requests_served(worker.system_port) - served)
     assert sorted(counts) == [0, 1], counts
-    holder = more_workers[counts.index(1)]
-    os.killpg(holder.process.pid, signal.SIGKILL)
-    holder.process.wait(timeout=30)
+    holder = counts.index(1)
+    dead_host = placed[holder][0]
+    for pid in processes_in(dead_host.namespace):  # the whole host: its workers and everything they started
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    more_workers[holder].process.wait(timeout=30)
     with inside(hosts.front_door):
         started = time.monotonic()
         second = complete(front_door.url, list(range(500, 600)) + first.json()["choices"][0]["token_ids"], 8,
                           "failover-session")
         took = time.monotonic() - started
-    print(f"the session's next turn after its worker died: {second.status_code} in {took:.1f} s")
+    print(f"the session's next turn after its worker host died: {second.status_code} in {took:.1f} s")
     assert second.status_code == 200, second.text
-    survivor = more_workers[1 - counts.index(1)]
-    with inside(hosts.worker):
-        assert requests_served(survivor.system_port) - before[more_workers.index(survivor)] == 1
+    survivor_host, _ = placed[1 - holder]
+    with inside(survivor_host):
+        assert requests_served(more_workers[1 - holder].system_port) - before[1 - holder] == 1
+    assert not processes_in(dead_host.namespace)
 
 
 def requests_served(system_port: int) -> int:
