@@ -41,6 +41,7 @@ import itertools
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -302,6 +303,11 @@ def run_mode(tmp: Path, fleet: Fleet, w: Workload, router_mode: str, embedded: b
             frontend_cpu_s = process_cpu_s(frontend_pid) if frontend_pid else None
     finally:
         stack.stop()
+    # What the KV router knew when it placed each request: the overlap (blocks) Dynamo logs per routed request,
+    # in the front door's log (its own router) or its frontend's
+    routing_log = stack.log_path if embedded else next(stack.state_dir.glob("stack-*/frontend.log"))
+    overlaps = [int(n) for n in re.findall(r"route request completed.*? overlap_blocks=(\d+)",
+                                            re.sub(r"\x1b\[[0-9;]*m", "", routing_log.read_text(errors="replace")))]
     ok = [t for t in turns if not t.error]
     returning = [t for t in ok if t.returning]
     requests = len(turns) + 1  # and the one that cached the shared context
@@ -342,6 +348,8 @@ def run_mode(tmp: Path, fleet: Fleet, w: Workload, router_mode: str, embedded: b
         # round-robin goes through Dynamo's frontend process (its whole life: start-up included)
         "dynamo_frontend_cpu_s": frontend_cpu_s,
         "router_calls": routed,
+        # requests the KV router placed knowing some of the prompt cached somewhere (0: it saw no KV event)
+        "routed_with_overlap": sum(1 for n in overlaps if n > 0), "routed_logged": len(overlaps),
         # the KV router's mode only: round-robin requests go through Dynamo's frontend
         "router_us_per_request": (routes1["sum"] - routes0.get("sum", 0)) * 1e6 / routed if routed else None,
         "router_us_p50_bucket_bound": p50 * 1e6 if p50 is not None else None,
@@ -389,9 +397,11 @@ def main() -> None:
         "router_us_per_request_one_at_a_time": kv["router_us_per_request_one_at_a_time"],
         "router_decision_us_p50": kv["router_decision_us_p50"],
         # Dynamo's KV router's own work per request (hashing, overlap query, choosing), under the same load: its
-        # frontend's histograms, the same router as the front door's, which does not expose them
+        # frontend's histograms, the same router as the front door's, which does not expose them. That router
+        # gets no KV event from the mocker (kv_frontend_routed_with_overlap): its index is empty, and it places
+        # first turns by load alone (then session affinity)
         "router_overhead_us_per_request_dynamo": frontend_kv.get("dynamo_router_total_us_per_request"),
-        "sticky_hit_rate_at_scale_dynamo_frontend": frontend_kv["returning_hit_rate"],
+        "sticky_load_only_hit_rate_at_scale": frontend_kv["returning_hit_rate"],
         "workers_serving_kv": kv["workers_used"], "workers_serving_round_robin": rr["workers_used"],
         "front_door_cpu_ms_per_request": kv["front_door_cpu_ms_per_request"],
     }
