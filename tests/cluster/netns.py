@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,3 +98,11 @@ def processes_in(namespace: str) -> list[int]:
     """The processes whose network is `namespace`'s (empty once everything started there has ended)."""
     done = subprocess.run(["ip", "netns", "pids", namespace], check=False, capture_output=True, text=True)
     return [int(pid) for pid in done.stdout.split()]
+
+
+def assert_no_process_left(hosts: Hosts, timeout_s: float = 30.0) -> None:
+    """Every process started in `hosts` has ended (waited for up to `timeout_s`: stopping takes a moment)."""
+    deadline = time.monotonic() + timeout_s
+    while any(processes_in(ns) for ns in hosts.namespaces) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(processes_in(ns) for ns in hosts.namespaces), "processes outlived the test"

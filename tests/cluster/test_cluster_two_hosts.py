@@ -16,7 +16,7 @@ import pytest
 from rollout_server.harness.cluster import ControlPlane
 from rollout_server.harness.stack import start_stack
 from tests.cluster.cluster_hosts import ClusterPorts, start_worker
-from tests.cluster.netns import hosts_on_a_bridge, inside, processes_in
+from tests.cluster.netns import assert_no_process_left, hosts_on_a_bridge, inside, processes_in
 from tests.cluster.test_cluster_one_host import BLOCK, complete, routed_overlaps, session_turns
 
 pytestmark = [
@@ -58,10 +58,7 @@ def cluster(hosts, tmp_path_factory):
         if front_door is not None:
             front_door.stop()
         control_plane.__exit__(None, None, None)
-    deadline = time.monotonic() + 30
-    while any(processes_in(ns) for ns in hosts.namespaces) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not any(processes_in(ns) for ns in hosts.namespaces), "processes outlived the test"
+    assert_no_process_left(hosts)
 
 
 def test_a_worker_on_another_host_serves_and_its_kv_events_reach_the_front_door(hosts, cluster):

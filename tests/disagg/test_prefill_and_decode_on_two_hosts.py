@@ -19,7 +19,7 @@ from engine.supervisor.health import vllm_counter
 from rollout_server.harness.cluster import ControlPlane
 from rollout_server.harness.stack import RunningStack, start_stack
 from tests.cluster.cluster_hosts import ClusterPorts, WorkerProcess, start_worker
-from tests.cluster.netns import Hosts, hosts_on_a_bridge, inside, processes_in
+from tests.cluster.netns import Hosts, assert_no_process_left, hosts_on_a_bridge, inside
 from tests.disagg.conftest import GREEDY_PROMPTS, nixl_totals, reference_tokens
 
 pytestmark = [
@@ -73,10 +73,7 @@ def cluster(hosts, tmp_path_factory) -> Iterator[PrefillDecodeCluster]:
         for process in reversed(started):
             process.stop()
         control_plane.__exit__(None, None, None)
-    deadline = time.monotonic() + 30
-    while any(processes_in(ns) for ns in hosts.namespaces) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not any(processes_in(ns) for ns in hosts.namespaces), "processes outlived the test"
+    assert_no_process_left(hosts)
 
 
 def prompt_tokens(port: int) -> dict[str, float]:
