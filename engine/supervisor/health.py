@@ -65,13 +65,9 @@ class StackHealth:
         stalled longer than Dynamo's file-store TTL, 30 s, has every registration expire; a worker does not
         register again by itself). None while the frontend cannot be asked."""
         stack = self.stack
-        if stack.settings.discovery_backend != "file" or stack.frontend is None or not stack.frontend.alive():
+        if stack.settings.discovery_backend != "file":
             return []
-        try:
-            instances = LOOPBACK.get(f"{stack.frontend_url}/health", timeout=2.0).json().get("instances") or []
-        except (httpx.HTTPError, ValueError):
-            return []
-        listed = {i.get("instance_id") for i in instances if isinstance(i, dict) and i.get("endpoint") == "generate"}
+        listed = {i["instance_id"] for i in self._frontend_instances() if i.get("endpoint") == "generate"}
         if len(listed) >= len(stack.workers):  # the usual case, answered without asking each worker
             return []
         unlisted = []
@@ -89,23 +85,29 @@ class StackHealth:
         requests, as Dynamo's frontend lists them on its /health: instances of the `generate` endpoint of the
         `backend` component (aggregated or decode workers; prefill workers serve only through those). None while
         the frontend does not list the model. One host: none."""
+        if not self.stack.settings.cluster:
+            return []
+        serving = {i["instance_id"]: i for i in self._frontend_instances()
+                   if i.get("component") == "backend" and i.get("endpoint") == "generate"}
+        return list(serving.values()) if serving and self._frontend_lists_model() else []
+
+    def _frontend_instances(self) -> list[dict]:
+        """The worker instances Dynamo's frontend knows through discovery (its /health); none while it is down."""
         stack = self.stack
-        if not stack.settings.cluster or stack.frontend is None or not stack.frontend.alive():
+        if stack.frontend is None or not stack.frontend.alive():
             return []
         try:
             instances = LOOPBACK.get(f"{stack.frontend_url}/health", timeout=2.0).json().get("instances") or []
         except (httpx.HTTPError, ValueError):
             return []
-        serving = {i["instance_id"]: i for i in instances if isinstance(i, dict) and "instance_id" in i
-                   and i.get("component") == "backend" and i.get("endpoint") == "generate"}
-        return list(serving.values()) if serving and self._frontend_lists_model() else []
+        return [i for i in instances if isinstance(i, dict) and "instance_id" in i]
 
     def worker_status(self) -> list[dict]:
         """One row per worker: its process, health, Dynamo instance id and in-flight requests (a worker that
         joined from another host: its instance id and address; its process and load are its host's)."""
-        rows = [{"worker": f"joined-{i['instance_id']}", "role": "joined", "pid": None, "alive": True, "healthy": True, "instance_id": i["instance_id"],
-                 "inflight_requests": None, "address": _address(i.get("transport"))}
-                for i in self.joined_workers()]
+        rows = [{"worker": f"joined-{i['instance_id']}", "role": "joined", "pid": None, "alive": True,
+                 "healthy": True, "instance_id": i["instance_id"], "inflight_requests": None,
+                 "address": _address(i.get("transport"))} for i in self.joined_workers()]
         for worker in self.stack.workers:
             child = self.stack.worker_children[worker.index]
             metrics = worker_metrics(worker.system_port)

@@ -202,8 +202,9 @@ class Stack:
             VERSION_ENV: str(self.policy_version),  # every token is stamped with its weights
             SOCKET_ENV: str(self.control_socket(worker.index)),
             TOKEN_ENV: self.control_token,
-            **disaggregation.worker_env(worker.role, worker.nixl_port, self.settings.disaggregation,
-                                        host=str(self.settings.internal_host), progress_thread=has_cuda() or self.settings.disaggregation.nixl_progress_thread),
+            **disaggregation.worker_env(
+                worker.role, worker.nixl_port, self.settings.disaggregation, host=str(self.settings.internal_host),
+                progress_thread=has_cuda() or self.settings.disaggregation.nixl_progress_thread),
         }
         if lora.enable_lora:
             worker_env["DYN_LORA_ENABLED"] = "true"  # Dynamo's loader for file:// adapter URIs
