@@ -180,8 +180,8 @@ def kill_worker_under_load(stack: RunningStack, model: str, victim: str | None =
                            arriving: int = 12, max_tokens: int = 300, streaming_max_tokens: int = 6000) -> KillOutcome:
     """`streaming` requests stream tokens (long ones: they must still be running at the kill), spread evenly over
     the pool's deployments; then `arriving` more are sent, all under sessions the front door routes to the
-    `victim` deployment (default: the pool's first), and 0.2 s later the victim's worker process group is
-    SIGKILLed; returns what happened to each request sent to the victim. Long streams still on a live worker
+    `victim` deployment (default: the pool's first), and once the front door has sent them there the victim's
+    worker process group is SIGKILLed; returns what happened to each request sent to the victim. Long streams still on a live worker
     10 s after the kill are left (their client stops reading): running them to the end would prove nothing more.
 
     Which deployment a request went to is a fact of each request, from the real path: the streams' sessions are
@@ -224,7 +224,13 @@ def kill_worker_under_load(stack: RunningStack, model: str, victim: str | None =
         # Each new prompt starts with its own words: no prefix of it is cached, so it takes a real prefill.
         waiting = [threads.submit(stream, url, model, s, max_tokens, r, prompt=f"{s}: ")
                    for s, r in zip(arriving_sessions, queued)]
-        time.sleep(0.2)        # the new requests are in the front door, in Dynamo, or prefilling
+        # The kill comes once the front door has sent the new requests to the victim (they are in Dynamo or
+        # prefilling), not after a fixed pause: on a cold front door the pause could end before they left it, and
+        # the victim would be out of rotation when they did (they would go elsewhere, not exercising failover)
+        dispatched = in_flight_before + streams_on_victim + arriving
+        deadline = time.monotonic() + 10
+        while deployments()[victim]["in_flight"] < dispatched and time.monotonic() < deadline:
+            time.sleep(0.02)
         killed_at = time.monotonic()
         os.killpg(victim_pid, signal.SIGKILL)
         for future in waiting:
