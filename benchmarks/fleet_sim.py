@@ -41,7 +41,6 @@ import itertools
 import json
 import os
 import random
-import re
 import statistics
 import sys
 import tempfile
@@ -54,7 +53,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from rollout_server.harness.stack import CACHE_DIR, start_stack
+from rollout_server.harness.stack import CACHE_DIR, routed_overlaps, start_stack
 from rollout_server.tiny_model.builder import ensure_tiny_model
 
 RESULTS = Path(__file__).parent / "results" / "fleet_sim.json"
@@ -305,9 +304,7 @@ def run_mode(tmp: Path, fleet: Fleet, w: Workload, router_mode: str, embedded: b
         stack.stop()
     # What the KV router knew when it placed each request: the overlap (blocks) Dynamo logs per routed request,
     # in the front door's log (its own router) or its frontend's
-    routing_log = stack.log_path if embedded else next(stack.state_dir.glob("stack-*/frontend.log"))
-    overlaps = [int(n) for n in re.findall(r"route request completed.*? overlap_blocks=(\d+)",
-                                            re.sub(r"\x1b\[[0-9;]*m", "", routing_log.read_text(errors="replace")))]
+    overlaps = routed_overlaps(stack.log_path if embedded else next(stack.state_dir.glob("stack-*/frontend.log")))
     ok = [t for t in turns if not t.error]
     returning = [t for t in ok if t.returning]
     requests = len(turns) + 1  # and the one that cached the shared context

@@ -181,8 +181,9 @@ def kill_worker_under_load(stack: RunningStack, model: str, victim: str | None =
     """`streaming` requests stream tokens (long ones: they must still be running at the kill), spread evenly over
     the pool's deployments; then `arriving` more are sent, all under sessions the front door routes to the
     `victim` deployment (default: the pool's first), and once the front door has sent them there the victim's
-    worker process group is SIGKILLed; returns what happened to each request sent to the victim. Long streams still on a live worker
-    10 s after the kill are left (their client stops reading): running them to the end would prove nothing more.
+    worker process group is SIGKILLed; returns what happened to each request sent to the victim. Long streams
+    still on a live worker 10 s after the kill are left (their client stops reading): running them to the end
+    would prove nothing more.
 
     Which deployment a request went to is a fact of each request, from the real path: the streams' sessions are
     checked against the front door's count of requests in flight per deployment (/v1/pools), and name the

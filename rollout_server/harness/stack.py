@@ -161,5 +161,12 @@ def wait_until_answering(url: str, process: subprocess.Popen, log_path: Path, ti
 _ANSI_COLOUR = re.compile(r"\x1b\[[0-9;]*m")  # Dynamo colours its log lines
 
 
+def routed_overlaps(log_path: Path) -> list[int]:
+    """The overlap (in blocks) Dynamo's KV router knew for every request it placed, in order: its "route request
+    completed" log line, written as a request's stream ends, in the log of the process that routed it."""
+    text = _ANSI_COLOUR.sub("", log_path.read_text(errors="replace"))
+    return [int(n) for n in re.findall(r"route request completed.*? overlap_blocks=(\d+)", text)]
+
+
 def _tail(log_path: Path, lines: int = 40) -> str:
     return "\n".join(log_path.read_text(errors="replace").splitlines()[-lines:])

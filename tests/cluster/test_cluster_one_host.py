@@ -2,13 +2,13 @@
 through a real etcd (rollout_server/harness/cluster.py); requests are served, and the worker's KV events reach
 the front door's broker, where a KV router learns what the worker caches."""
 
-import re
 import time
 
 import httpx
 import pytest
 
 from rollout_server.harness.cluster import ControlPlane
+from rollout_server.harness.stack import routed_overlaps as logged_overlaps
 from rollout_server.harness.stack import start_stack
 from tests.cluster.cluster_hosts import MODEL, ClusterPorts, start_worker
 
@@ -96,12 +96,8 @@ def session_turns(url: str, session: str, turns: int = 3) -> list[int]:
 
 
 def routed_overlaps(log_path, at_least: int = 3, wait_s: float = 10.0) -> list[int]:
-    """The overlap (in blocks) of every request the front door's KV router placed, in order (Dynamo's log line,
-    written as a request's stream ends: waited for until `at_least` are there)."""
+    """The harness's routed_overlaps of the front door's log, waited for until `at_least` are there."""
     deadline = time.monotonic() + wait_s
-    while True:
-        text = re.sub(r"\x1b\[[0-9;]*m", "", log_path.read_text(errors="replace"))  # Dynamo colours its lines
-        overlaps = [int(match) for match in re.findall(r"route request completed.*? overlap_blocks=(\d+)", text)]
-        if len(overlaps) >= at_least or time.monotonic() > deadline:
-            return overlaps
+    while len(overlaps := logged_overlaps(log_path)) < at_least and time.monotonic() < deadline:
         time.sleep(0.2)
+    return overlaps
