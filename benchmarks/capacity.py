@@ -7,15 +7,15 @@ two deployments (a Dynamo frontend and a worker each).
 2. Interactive latency with and without a batch job: the same interactive load (concurrent chat
    clients on the default pool) alone and while a 200-line batch runs (Batch API, low priority), in
    alternating rounds; p90 request latency of each arm.
-3. A worker SIGKILLed under load in `ha`: streams run on both deployments, then `--arriving` new requests are
-   under sessions routed to the victim's deployment, and 0.2 s later its worker is killed
-   (kill_worker_under_load, rollout_server/harness/pool_stack.py). The figures count only the requests that
+3. A worker SIGKILLed under load in `ha`: streams run on both deployments, its worker is frozen (SIGSTOP),
+   `--arriving` new requests are sent under sessions routed to the victim's deployment, and once the front door
+   has sent them there the worker is killed (kill_worker_under_load, rollout_server/harness/pool_stack.py). The figures count only the requests that
    went to the killed deployment, told apart per request (served by its worker, or refused by it and failed
    over, in the front door's log): those lost that had not streamed a token (goal: 0), and the streams cut
    mid-way (they end with a retryable error event).
 
-Run: .venv/bin/python benchmarks/capacity.py   (about 8 minutes on 2 cores)
-Writes benchmarks/results/capacity.json. With --only-kill: part 3 alone (about 3 minutes), printed, nothing written.
+Run: .venv/bin/python benchmarks/capacity.py   (about 2 minutes on 2 cores)
+Writes benchmarks/results/capacity.json. With --only-kill: part 3 alone (about 1 minute), printed, nothing written.
 """
 
 from __future__ import annotations

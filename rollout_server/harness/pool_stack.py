@@ -180,10 +180,10 @@ def kill_worker_under_load(stack: RunningStack, model: str, victim: str | None =
                            arriving: int = 12, max_tokens: int = 300, streaming_max_tokens: int = 6000) -> KillOutcome:
     """`streaming` requests stream tokens (long ones: they must still be running at the kill), spread evenly over
     the pool's deployments; then `arriving` more are sent, all under sessions the front door routes to the
-    `victim` deployment (default: the pool's first), and once the front door has sent them there the victim's
-    worker process group is SIGKILLed; returns what happened to each request sent to the victim. Long streams
-    still on a live worker 10 s after the kill are left (their client stops reading): running them to the end
-    would prove nothing more.
+    `victim` deployment (default: the pool's first), whose worker process group is frozen first (SIGSTOP) and
+    SIGKILLed once the front door has sent them there; returns what happened to each request sent to the victim.
+    Long streams still on a live worker 10 s after the kill are left (their client stops reading): running them
+    to the end would prove nothing more.
 
     Which deployment a request went to is a fact of each request, from the real path: the streams' sessions are
     checked against the front door's count of requests in flight per deployment (/v1/pools), and name the
@@ -222,18 +222,23 @@ def kill_worker_under_load(stack: RunningStack, model: str, victim: str | None =
         other_workers = {r.worker for s, r in zip(stream_sessions, started) if deployment_of(s, names) != victim}
         assert len(victim_workers) == 1 and not victim_workers & other_workers, (victim_workers, other_workers)
         victim_pid = deployments()[victim]["worker_pids"][0]
-        # Each new prompt starts with its own words: no prefix of it is cached, so it takes a real prefill.
-        waiting = [threads.submit(stream, url, model, s, max_tokens, r, prompt=f"{s}: ")
-                   for s, r in zip(arriving_sessions, queued)]
-        # The kill comes once the front door has sent the new requests to the victim (they are in Dynamo or
-        # prefilling), not after a fixed pause: on a cold front door the pause could end before they left it, and
-        # the victim would be out of rotation when they did (they would go elsewhere, not exercising failover)
-        dispatched = in_flight_before + streams_on_victim + arriving
-        deadline = time.monotonic() + 10
-        while deployments()[victim]["in_flight"] < dispatched and time.monotonic() < deadline:
-            time.sleep(0.02)
-        killed_at = time.monotonic()
-        os.killpg(victim_pid, signal.SIGKILL)
+        # The victim is frozen (SIGSTOP) before the new requests are sent, and killed once the front door has sent
+        # them there: so they reach a worker that dies before their first token, whatever the machine's speed.
+        # (A fixed pause before the kill was too short on a cold front door, the requests then went elsewhere,
+        # and too long on a busy machine, where a live victim had streamed their first tokens by then.) The
+        # front door keeps a frozen deployment in rotation for two missed checks, longer than this takes.
+        os.killpg(victim_pid, signal.SIGSTOP)
+        try:
+            # Each new prompt starts with its own words: no prefix of it is cached, so it takes a real prefill.
+            waiting = [threads.submit(stream, url, model, s, max_tokens, r, prompt=f"{s}: ")
+                       for s, r in zip(arriving_sessions, queued)]
+            dispatched = in_flight_before + streams_on_victim + arriving
+            deadline = time.monotonic() + 10
+            while deployments()[victim]["in_flight"] < dispatched and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            killed_at = time.monotonic()
+            os.killpg(victim_pid, signal.SIGKILL)
         for future in waiting:
             future.result(timeout=300)
         # Every stream but those still getting tokens from a live worker has ended, cut or complete.

@@ -5,6 +5,7 @@ import time
 import pytest
 import torch
 
+from engine.kv_tier.formats import slot_bytes
 from engine.kv_tier.settings import KvTierSettings
 from engine.kv_tier.store import TierStore
 from engine.supervisor import kv_tier_service
@@ -114,19 +115,21 @@ def test_a_full_tier_takes_whole_batches_of_objects_of_any_size(tmp_path):
     try:
         store = TierStore(settings.master_address)
         size = 18_464
-        per_batch = int(CAPACITY_GIB * 2**30) // size // 10  # a tenth of the capacity: twice what one eviction frees
+        # A batch takes 5% of the tier in slots (what one eviction frees), so that a batch put at <= 90% full
+        # fits: the master evicts 5% of its objects in the background once past 90% (its high watermark).
+        per_batch = int(CAPACITY_GIB * 2**30) // slot_bytes(size) // 20
         stored = []
-        for batch in range(16):  # 1.6x the capacity
+        for batch in range(32):  # 1.6x the capacity
             keys = [f"test/full/{batch}/{i}" for i in range(per_batch)]
             stored.append(store.put(keys, objects(per_batch, size, seed=100 + batch)))
-            # The master evicts in the background, down from 90% full: the next batch waits for it (10 s at most),
-            # so that only the allocator's room, not the eviction's timing, decides what is stored.
+            # The next batch waits for the eviction (10 s at most), so that only the allocator's room, not the
+            # eviction's timing, decides what is stored.
             deadline = time.monotonic() + 10
             while (kv_tier_service.read_metrics(settings).allocated_bytes > 0.9 * settings.capacity_bytes
                    and time.monotonic() < deadline):
                 time.sleep(0.05)
         assert kv_tier_service.read_metrics(settings).evicted_keys > 0  # the tier was full ...
-        assert stored[-6:] == [per_batch] * 6  # ... and kept taking every object saved
+        assert stored[-12:] == [per_batch] * 12  # ... and kept taking every object saved
     finally:
         stop_all(children)
 
