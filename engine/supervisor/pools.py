@@ -27,7 +27,7 @@ from engine.sessions import deployment_slot
 from engine.settings import EngineSettings
 from engine.supervisor.health import StackHealth
 from engine.supervisor.pool_config import PoolConfig, pool_ports
-from engine.supervisor.stack import Stack, WorkerInfo, aggregated_worker, stop_stacks
+from engine.supervisor.stack import Stack, WorkerInfo, stop_stacks, worker_info
 from engine.supervisor.worker_control import WorkerHandle
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class PoolSet:
                      state_dir=default_stack.state_dir, cache_dir=default_stack.cache_dir)
 
     def _new_worker(self, settings: EngineSettings, index: int) -> WorkerInfo:
-        worker = aggregated_worker(settings, index, self._next_core)
+        worker = worker_info(settings, index, self._next_core)
         self._next_core += 1
         return worker
 

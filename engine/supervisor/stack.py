@@ -79,21 +79,19 @@ def dynamo_env(settings: EngineSettings, discovery_dir: Path, event_broker_url: 
     return env
 
 
+def worker_info(settings: EngineSettings, index: int, core: int,
+                role: disaggregation.Role = "aggregated") -> WorkerInfo:
+    """Worker `index` of a stack: each of its ports is its base in `settings` + `index` (a prefill/decode worker
+    also has a NIXL side channel); its engine threads are pinned to `core` (modulo this host's cores)."""
+    nixl_port = settings.disaggregation.nixl_side_channel_base_port + index if role != "aggregated" else None
+    return WorkerInfo(index, settings.worker_system_base_port + index, settings.kv_events_base_port + index,
+                      core % (os.cpu_count() or 1), role, nixl_port)
+
+
 def worker_layout(settings: EngineSettings) -> list[WorkerInfo]:
     roles = disaggregation.worker_roles(settings)
     cores = disaggregation.worker_cores(roles, os.cpu_count() or 1)
-    workers = []
-    for i, (role, core) in enumerate(zip(roles, cores)):
-        nixl_port = settings.disaggregation.nixl_side_channel_base_port + i if role != "aggregated" else None
-        workers.append(WorkerInfo(i, settings.worker_system_base_port + i, settings.kv_events_base_port + i, core,
-                                  role, nixl_port))
-    return workers
-
-
-def aggregated_worker(settings: EngineSettings, index: int, core: int) -> WorkerInfo:
-    """Worker `index` of a pool's deployment (aggregated; the ports come from the deployment's settings)."""
-    return WorkerInfo(index, settings.worker_system_base_port + index, settings.kv_events_base_port + index,
-                      core % (os.cpu_count() or 1))
+    return [worker_info(settings, i, core, role) for i, (role, core) in enumerate(zip(roles, cores))]
 
 
 def mocker_event_plane(env: dict[str, str]) -> dict[str, str]:

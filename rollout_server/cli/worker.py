@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import time
 
@@ -45,16 +44,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from engine.supervisor.event_broker import broker_url
     from engine.supervisor.health import worker_health
     from engine.supervisor.processes import stop_all
-    from engine.supervisor.stack import Stack, StackStartError, WorkerInfo, start_cluster_worker
+    from engine.supervisor.stack import Stack, StackStartError, start_cluster_worker, worker_info
     from rollout_server.tiny_model.builder import resolve_model
 
     args.cluster = True  # a worker of its own is always one of a cluster's: found through etcd
     settings = settings_from_args(args)
     engine = settings.engine
-    nixl_port = engine.disaggregation.nixl_side_channel_base_port + args.index if args.role != "aggregated" else None
-    worker = WorkerInfo(args.index, engine.worker_system_base_port + args.index,
-                        engine.kv_events_base_port + args.index, args.index % (os.cpu_count() or 1), args.role,
-                        nixl_port)
+    worker = worker_info(engine, args.index, core=args.index, role=args.role)
     model_dir, model_name = resolve_model(settings)
     stack = Stack(engine, model_dir, model_name, state_dir=settings.state.resolved_state_dir,
                   cache_dir=settings.state.cache_dir, workers=[worker])
