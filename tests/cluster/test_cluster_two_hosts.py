@@ -10,7 +10,9 @@ import shutil
 import signal
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
 from rollout_server.harness.cluster import ControlPlane
@@ -92,9 +94,11 @@ def test_killing_the_worker_hosts_processes_gives_a_clean_error(hosts, cluster):
 
 
 def test_a_session_whose_worker_host_dies_goes_on_on_the_other_host(hosts, cluster):
-    """A worker on each worker host (the first host's first worker died in the test above); every process of the
-    host that served a session's first turn is killed; the session's next turn, sent at once, is served by the
-    other host's worker (the router drops the dead one, the front door retries: no request is lost)."""
+    """A worker on each worker host (the first host's first worker died in the test above). The host that served
+    a session's first turn freezes (every process stopped), the session's next turn is sent three times at once,
+    and once the front door has the three in flight every process of that host is killed: none had a token, and
+    each is served by the other host's worker (the router drops the dead one, the front door retries: no request
+    is lost)."""
     front_door, _, plane, ports, tmp, more_workers = cluster
     placed = [(host, index) for host, index in ((hosts.workers[0], 1), (hosts.workers[1], 0))]
     for host, index in placed:
@@ -115,23 +119,50 @@ def test_a_session_whose_worker_host_dies_goes_on_on_the_other_host(hosts, clust
     assert sorted(counts) == [0, 1], counts
     holder = counts.index(1)
     dead_host = placed[holder][0]
-    for pid in processes_in(dead_host.namespace):  # the whole host: its workers and everything they started
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    doomed = processes_in(dead_host.namespace)  # the whole host: its workers and everything they started
+    next_turn = list(range(500, 600)) + first.json()["choices"][0]["token_ids"]
+
+    def send_next_turn() -> httpx.Response:
+        with inside(hosts.front_door):
+            return complete(front_door.url, next_turn, 8, "failover-session")
+
+    signal_all(doomed, signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(3) as threads:
+            turns = [threads.submit(send_next_turn) for _ in range(3)]
+            with inside(hosts.front_door):
+                deadline = time.monotonic() + 30
+                while in_flight(front_door.url) < 3 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert in_flight(front_door.url) == 3, "the three turns did not reach the front door"
+            started = time.monotonic()
+            signal_all(doomed, signal.SIGKILL)
+            answers = [turn.result(timeout=120) for turn in turns]
+            took = time.monotonic() - started
+    finally:
+        signal_all(doomed, signal.SIGKILL)
     more_workers[holder].process.wait(timeout=30)
-    with inside(hosts.front_door):
-        started = time.monotonic()
-        second = complete(front_door.url, list(range(500, 600)) + first.json()["choices"][0]["token_ids"], 8,
-                          "failover-session")
-        took = time.monotonic() - started
-    print(f"the session's next turn after its worker host died: {second.status_code} in {took:.1f} s")
-    assert second.status_code == 200, second.text
+    print(f"the session's next turns, in flight when their worker host died: {[a.status_code for a in answers]} "
+          f"within {took:.1f} s")
+    assert [a.status_code for a in answers] == [200] * 3, [a.text for a in answers]
+    assert len({tuple(a.json()["choices"][0]["token_ids"]) for a in answers}) == 1  # greedy: the same tokens
     survivor_host, _ = placed[1 - holder]
     with inside(survivor_host):
-        assert requests_served(more_workers[1 - holder].system_port) - before[1 - holder] == 1
+        assert requests_served(more_workers[1 - holder].system_port) - before[1 - holder] == 3
     assert not processes_in(dead_host.namespace)
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def in_flight(url: str) -> int:
+    """Requests the front door is serving now (its default pool's count)."""
+    return {p["name"]: p for p in httpx.get(f"{url}/v1/pools", timeout=10).json()["data"]}["default"]["in_flight"]
 
 
 def requests_served(system_port: int) -> int:
