@@ -7,7 +7,8 @@ Rules:
 - a document's (apiVersion, kind) must have a vendored schema (SCHEMAS); an unknown kind is an error, not a skip;
 - schemas are JSON Schema 2020-12 with `additionalProperties: false` ("strict"): an unknown field is an error, as
   with `kubectl apply --validate=strict`;
-- the security rules of `policy_errors` (docs/security.md) hold across the files.
+- the rules of `policy_errors` hold across the files: the security rules (docs/security.md), and every worker's
+  probes run `rollout-serve worker-health` in its container.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _containers(doc: dict[str, Any]) -> Iterable[tuple[str, dict[str, Any]]]:
 
 
 def policy_errors(docs: list[dict[str, Any]]) -> list[str]:
-    """The deployment's security rules (docs/security.md), over all documents together."""
+    """The deployment's rules, over all documents together: security (docs/security.md), then the workers' probes."""
     errors = []
     for doc in docs:
         kind, name = doc.get("kind"), doc.get("metadata", {}).get("name")
@@ -121,6 +122,14 @@ def policy_errors(docs: list[dict[str, Any]]) -> list[str]:
             internal += [str(env["ROLLOUT_SERVE_INTERNAL_HOST"].get("value"))] if "ROLLOUT_SERVE_INTERNAL_HOST" in env else []
             if any(host in ("0.0.0.0", "::", "[::]") for host in internal):
                 errors.append(f"{where}: internal host is an unspecified address")
+        # Every worker has its three probes, run in its container: the Dynamo operator's defaults are HTTP GETs
+        # of the system port at the pod IP, and the worker's system port binds 127.0.0.1 (workers.yaml).
+        if kind == "DynamoGraphDeployment":
+            for where, container in _containers(doc):
+                for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+                    command = ((container.get(probe) or {}).get("exec") or {}).get("command") or []
+                    if command[:2] != ["rollout-serve", "worker-health"]:
+                        errors.append(f"{where}: its {probe} must run `rollout-serve worker-health` in the container")
         # The front door: its admin key is set (from a Secret, above), so the service is never keyless.
         if kind == "Deployment" and doc.get("spec", {}).get("selector", {}).get("matchLabels") == FRONT_DOOR:
             for where, container in _containers(doc):

@@ -38,6 +38,13 @@ def add_worker_commands(sub: argparse._SubParsersAction) -> None:
                         help="this worker's number on its host: its ports are the base ports + index (default 0)")
     add_settings_arguments(worker)
     worker.set_defaults(func=cmd_worker)
+    probe = sub.add_parser("worker-health", help="probe this host's worker: exit 0 when it is ready (a Kubernetes "
+                                                 "exec probe)", description=cmd_worker_health.__doc__)
+    probe.add_argument("--index", type=int, default=0, help="the worker's --index (default 0)")
+    probe.add_argument("--live", action="store_true",
+                       help="liveness: exit 0 while the worker answers at all, ready or still starting")
+    add_settings_arguments(probe)
+    probe.set_defaults(func=cmd_worker_health)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -77,3 +84,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def cmd_worker_health(args: argparse.Namespace) -> int:
+    """Exit 0 when this host's worker --index answers ready on its system port (with --live: answers at all), else
+    1. Give it the settings the worker was given (its ports are the base ports + index). The system port binds
+    127.0.0.1, which a kubelet's HTTP probe cannot reach: Kubernetes runs this in the worker's container instead
+    (deploy/k8s/workers.yaml)."""
+    from engine.supervisor.health import worker_health
+    from engine.supervisor.stack import worker_info
+
+    port = worker_info(settings_from_args(args).engine, args.index, core=0).system_port
+    status = worker_health(port).get("status")
+    print(f"worker {args.index} (system port {port}): {status or 'no answer'}")
+    return 0 if (status is not None if args.live else status == "ready") else 1

@@ -2,14 +2,16 @@
 through a real etcd (rollout_server/harness/cluster.py); requests are served, and the worker's KV events reach
 the front door's broker, where a KV router learns what the worker caches."""
 
+import subprocess
 import time
 
 import httpx
 import pytest
+import yaml
 
 from rollout_server.harness.cluster import ControlPlane
+from rollout_server.harness.stack import REPO, start_stack
 from rollout_server.harness.stack import routed_overlaps as logged_overlaps
-from rollout_server.harness.stack import start_stack
 from tests.cluster.cluster_hosts import MODEL, ClusterPorts, start_worker
 
 pytestmark = pytest.mark.stack
@@ -69,6 +71,21 @@ def test_health_and_status_count_the_worker_that_joined(cluster):
             and time.monotonic() < deadline + 30:
         time.sleep(1)
     assert ready == 1
+
+
+def test_the_probes_the_manifests_give_kubernetes_answer_in_the_workers_host(cluster):
+    """deploy/k8s/workers.yaml's probes, run as the kubelet runs them (in the worker's host, the worker's settings:
+    here its port base), pass while the worker serves, and fail for a worker that is not there."""
+    _, worker = cluster
+    probes = yaml.safe_load((REPO / "deploy/k8s/workers.yaml").read_text())["spec"]["services"]["prefill"][
+        "extraPodSpec"]["mainContainer"]
+    port_base = ["--worker-system-base-port", str(worker.system_port)]
+    for name in ("startupProbe", "livenessProbe", "readinessProbe"):
+        command = [str(REPO / ".venv/bin" / probes[name]["exec"]["command"][0]), *probes[name]["exec"]["command"][1:]]
+        passed = subprocess.run([*command, *port_base], capture_output=True, text=True, timeout=60)
+        assert passed.returncode == 0 and "ready" in passed.stdout, (name, passed.stdout, passed.stderr)
+        absent = subprocess.run([*command, *port_base, "--index", "7"], capture_output=True, text=True, timeout=60)
+        assert absent.returncode == 1 and "no answer" in absent.stdout, (name, absent.stdout, absent.stderr)
 
 
 def test_cached_tokens_grow_across_a_sessions_turns_and_the_router_knows_them(cluster):

@@ -223,3 +223,14 @@ def test_an_unspecified_internal_host_is_rejected():
     args = _front_door_container(deployment)["args"]
     args[:] = ["--internal-host=0.0.0.0" if a.startswith("--internal-host=") else a for a in args]
     assert any("unspecified address" in e for e in _policy([deployment]))
+
+
+@pytest.mark.parametrize("probe", ["startupProbe", "livenessProbe", "readinessProbe"])
+def test_a_worker_left_with_the_operators_default_probe_is_rejected(probe):
+    """The operator's default probes GET the system port at the pod IP; the worker binds it to 127.0.0.1."""
+    dgd = _one("DynamoGraphDeployment")
+    container = dgd["spec"]["services"]["prefill"]["extraPodSpec"]["mainContainer"]
+    container[probe] = {"httpGet": {"path": "/health", "port": 9090}}
+    assert any(f"prefill: its {probe} must run `rollout-serve worker-health`" in e for e in _policy([dgd]))
+    del container[probe]
+    assert any(f"prefill: its {probe} must run `rollout-serve worker-health`" in e for e in _policy([dgd]))
