@@ -57,7 +57,7 @@ class StackHealth:
         if stack.frontend is None or not stack.frontend.alive() or not self._frontend_lists_model():
             return []
         return [w.index for w in stack.workers if stack.worker_children[w.index].alive()
-                and worker_health(w.system_port).get("status") == "ready"]
+                and worker_ready(w.system_port)]
 
     def unlisted_workers(self) -> list[int]:
         """Workers whose process runs and whose engine says ready, yet whom Dynamo's frontend does not list among
@@ -73,7 +73,7 @@ class StackHealth:
         unlisted = []
         for worker in stack.workers:
             child = stack.worker_children.get(worker.index)
-            if child is None or not child.alive() or worker_health(worker.system_port).get("status") != "ready":
+            if child is None or not child.alive() or not worker_ready(worker.system_port):
                 continue
             instance = worker_metrics(worker.system_port).get("instance_id")
             if instance is not None and int(instance) not in listed:
@@ -116,7 +116,7 @@ class StackHealth:
                 "role": worker.role,
                 "pid": child.pid,
                 "alive": child.alive(),
-                "healthy": worker_health(worker.system_port).get("status") == "ready",
+                "healthy": worker_ready(worker.system_port),
                 "instance_id": metrics.get("instance_id"),
                 "inflight_requests": metrics.get("inflight_requests", 0.0),
             })
@@ -157,10 +157,10 @@ class StackHealth:
         if name == "kv-tier":
             return kv_tier_service.is_ready(self.stack.settings.kv_tier)
         worker = self.stack.workers[int(name.split("-")[1])]
-        return worker_health(worker.system_port).get("status") == "ready"
+        return worker_ready(worker.system_port)
 
     def _frontend_lists_model_with_all_workers(self) -> bool:
-        if not all(worker_health(w.system_port).get("status") == "ready" for w in self.stack.workers):
+        if not all(worker_ready(w.system_port) for w in self.stack.workers):
             return False
         if not self.stack.workers:  # a serverless pool at zero: the frontend only has to answer
             try:
@@ -191,11 +191,19 @@ def _address(transport) -> str | None:
     return str(transport) if transport else None
 
 
+READY = "ready"  # a worker's /health status once its endpoints serve (Dynamo's system server)
+
+
 def worker_health(system_port: int) -> dict:
+    """A worker's /health answer on its loopback system port ({} when it does not answer)."""
     try:
         return LOOPBACK.get(f"http://127.0.0.1:{system_port}/health", timeout=2.0).json()
     except (httpx.HTTPError, ValueError):
         return {}
+
+
+def worker_ready(system_port: int) -> bool:
+    return worker_health(system_port).get("status") == READY
 
 
 _VLLM_SAMPLE = re.compile(r'^(vllm:[a-z0-9_]+)(?:\{([^}]*)\})?\s+([0-9.eE+-]+)$')

@@ -49,7 +49,7 @@ def add_worker_commands(sub: argparse._SubParsersAction) -> None:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from engine.supervisor.event_broker import broker_url
-    from engine.supervisor.health import worker_health
+    from engine.supervisor.health import worker_ready
     from engine.supervisor.processes import stop_all
     from engine.supervisor.stack import Stack, StackStartError, start_cluster_worker, worker_info
     from rollout_server.tiny_model.builder import resolve_model
@@ -66,7 +66,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         child = start_cluster_worker(stack, broker_url(args.front_door, engine.event_broker_port))
         ready = False
         while child.alive():
-            if not ready and worker_health(worker.system_port).get("status") == "ready":
+            if not ready and worker_ready(worker.system_port):
                 ready = True
                 log.info("worker %d (%s) ready and registered through etcd", worker.index, worker.role)
             time.sleep(HEALTH_POLL_S)
@@ -91,10 +91,10 @@ def cmd_worker_health(args: argparse.Namespace) -> int:
     1. Give it the settings the worker was given (its ports are the base ports + index). The system port binds
     127.0.0.1, which a kubelet's HTTP probe cannot reach: Kubernetes runs this in the worker's container instead
     (deploy/k8s/workers.yaml)."""
-    from engine.supervisor.health import worker_health
+    from engine.supervisor.health import READY, worker_health
     from engine.supervisor.stack import worker_info
 
     port = worker_info(settings_from_args(args).engine, args.index, core=0).system_port
     status = worker_health(port).get("status")
     print(f"worker {args.index} (system port {port}): {status or 'no answer'}")
-    return 0 if (status is not None if args.live else status == "ready") else 1
+    return 0 if (status is not None if args.live else status == READY) else 1

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from rollout_server.harness.cluster import ControlPlane
+from rollout_server.harness.pool_stack import pools, wait_for
 from rollout_server.harness.stack import start_stack
 from tests.cluster.cluster_hosts import ClusterPorts, start_worker
 from tests.cluster.netns import assert_no_process_left, hosts_on_a_bridge, inside, processes_in
@@ -131,10 +132,8 @@ def test_a_session_whose_worker_host_dies_goes_on_on_the_other_host(hosts, clust
         with ThreadPoolExecutor(3) as threads:
             turns = [threads.submit(send_next_turn) for _ in range(3)]
             with inside(hosts.front_door):
-                deadline = time.monotonic() + 30
-                while in_flight(front_door.url) < 3 and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert in_flight(front_door.url) == 3, "the three turns did not reach the front door"
+                wait_for(lambda: pools(front_door.url)["default"]["in_flight"] == 3, 30, "the three turns in flight",
+                         poll_s=0.05)
             started = time.monotonic()
             signal_all(doomed, signal.SIGKILL)
             answers = [turn.result(timeout=120) for turn in turns]
@@ -158,11 +157,6 @@ def signal_all(pids: list[int], signum: int) -> None:
             os.kill(pid, signum)
         except ProcessLookupError:
             pass
-
-
-def in_flight(url: str) -> int:
-    """Requests the front door is serving now (its default pool's count)."""
-    return {p["name"]: p for p in httpx.get(f"{url}/v1/pools", timeout=10).json()["data"]}["default"]["in_flight"]
 
 
 def requests_served(system_port: int) -> int:
